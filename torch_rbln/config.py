@@ -1,0 +1,338 @@
+"""Environment variables: one table, one parser each, one place that reads them.
+
+Each variable has a documented read time:
+
+* ``import``    read once when the extension loads (``latched()``),
+* ``commit``    read when the device mapping is committed (first real device use),
+* ``live``      read on every dispatch, check or allocation (``live()``),
+* ``runtime``   read when the virtual NPU runtime starts (first device query).
+
+Malformed values raise :class:`EnvError` (a ``ValueError``) naming the variable and the accepted
+values; nothing is silently ignored unless the reference documents it (unknown names in
+``TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["EnvError", "VARS", "live", "latched", "parse", "describe"]
+
+
+class EnvError(ValueError):
+    """A TORCH_RBLN_* / RBLN_* variable holds a value we do not accept."""
+
+
+def _bad(name: str, raw: str, accepted: str) -> EnvError:
+    return EnvError(f"Invalid {name} value `{raw}`, expected {accepted}")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+FALLBACK_CATEGORIES = ("unsupported_op", "compile_error", "strided_copy_error", "non_blocking_copy")
+CHECK_NAMES = ("dispatch_mode", "trace", "reentrant", "dtype", "scalar", "storage_offset", "nan_inf")
+GROUP_SIZES = (1, 2, 4, 8, 16, 32)
+_TRUE = ("1", "true", "t", "yes", "y", "on")
+_FALSE = ("0", "false", "f", "no", "n", "off")
+
+
+def _log_level(name: str, raw: str) -> str:
+    v = raw.strip().upper()
+    if v == "WARN":
+        v = "WARNING"
+    if v not in LOG_LEVELS:
+        raise EnvError(f"Invalid {name} `{raw}`, expected one of: {', '.join(LOG_LEVELS)}")
+    return v
+
+
+def _flag_exact_on(name: str, raw: str) -> bool:
+    # TORCH_RBLN_DEPLOY is on only for exactly "ON" (reference behaviour); "OFF"/"" are off.
+    if raw == "ON":
+        return True
+    if raw in ("", "OFF"):
+        return False
+    raise _bad(name, raw, "`ON` or `OFF`")
+
+
+def _flag_one(name: str, raw: str) -> bool:
+    if raw in ("1",):
+        return True
+    if raw in ("", "0"):
+        return False
+    raise _bad(name, raw, "`1` or `0`")
+
+
+def _flag_truthy(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE or v == "":
+        return False
+    raise _bad(name, raw, f"one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _skip_abi(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "on", "true", "yes"):
+        return True
+    if v in ("", "0", "off", "false", "no"):
+        return False
+    raise _bad(name, raw, "1/ON/TRUE/YES to skip (case-insensitive), or 0/OFF/FALSE/NO")
+
+
+def _fallback_categories(name: str, raw: str) -> frozenset:
+    out = set()
+    for tok in (t.strip() for t in raw.split(",")):
+        if not tok:
+            continue
+        if tok == "all":
+            out.update(FALLBACK_CATEGORIES)
+        elif tok in FALLBACK_CATEGORIES:
+            out.add(tok)
+        else:
+            raise EnvError(
+                f"Invalid {name} option `{tok}`, expected one of: all,"
+                + ",".join(sorted(FALLBACK_CATEGORIES)))
+    return frozenset(out)
+
+
+def _check_names(name: str, raw: str) -> frozenset:
+    toks = {t.strip() for t in raw.split(",") if t.strip()}
+    if "all" in toks:
+        return frozenset(CHECK_NAMES)
+    return frozenset(t for t in toks if t in CHECK_NAMES)  # unknown names ignored (documented)
+
+
+_DTYPE_NAMES = {
+    "float16": "float16", "half": "float16", "fp16": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float32": "float32", "float": "float32", "fp32": "float32",
+    "int32": "int32", "int": "int32", "int64": "int64", "long": "int64",
+    "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool",
+}
+
+
+def _dtypes(name: str, raw: str) -> tuple:
+    out = []
+    for tok in (t.strip().lower().removeprefix("torch.") for t in raw.split(",")):
+        if not tok:
+            continue
+        if tok not in _DTYPE_NAMES:
+            raise _bad(name, tok, "comma-separated dtype names such as float32,int32")
+        out.append(_DTYPE_NAMES[tok])
+    return tuple(out)
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        raise _bad(name, raw, "a positive integer") from None
+    if v < 1:
+        raise _bad(name, raw, "a positive integer")
+    return v
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40,
+          "tib": 1 << 40}
+
+
+def _byte_size(name: str, raw: str) -> int:
+    m = _SIZE_RE.match(raw)
+    unit = (m.group(2) or "").lower() if m else None
+    if not m or unit not in _UNITS:
+        raise _bad(name, raw, "a byte count such as 17179869184, 16GiB or 512MiB")
+    v = int(float(m.group(1)) * _UNITS[unit])
+    if v < 1 << 20:
+        raise _bad(name, raw, "at least 1MiB")
+    return v
+
+
+def _id_list(name: str, raw: str) -> tuple:
+    out = []
+    for tok in raw.split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        if not tok.isdigit():
+            raise _bad(name, raw, "a comma-separated list of physical NPU ids such as 0,1,2,3")
+        out.append(int(tok))
+    if len(set(out)) != len(out):
+        raise EnvError(f"Invalid {name} value `{raw}`: NPU ids must not repeat")
+    return tuple(out)
+
+
+def _group_size(name: str, raw: str) -> int:
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        v = -1
+    if v not in GROUP_SIZES:
+        raise _bad(name, raw, "one of " + ", ".join(map(str, GROUP_SIZES)))
+    return v
+
+
+def _device_map(name: str, raw: str) -> tuple:
+    """Parse ``"[0,1],[2,3,4,5]"`` into ((0, 1), (2, 3, 4, 5))."""
+    s, i, groups = raw.strip(), 0, []
+    if not s:
+        raise EnvError(f"Invalid {name} format: empty value. Expected groups like \"[0,1],[2,3]\"")
+    while i < len(s):
+        if s[i] != "[":
+            raise EnvError(f"Invalid {name} format. Expected '[' at position {i} in \"{raw}\"")
+        j = s.find("]", i)
+        if j < 0:
+            raise EnvError(f"Invalid {name} format. Expected ']' after position {i} in \"{raw}\"")
+        body = [t.strip() for t in s[i + 1:j].split(",")]
+        if not body or not all(t.isdigit() for t in body):
+            raise EnvError(f"Invalid {name} format. Expected comma-separated NPU ids inside "
+                           f"[...] at position {i} in \"{raw}\"")
+        g = tuple(int(t) for t in body)
+        if len(g) not in GROUP_SIZES:
+            raise EnvError(f"Invalid {name}: group [{','.join(map(str, g))}] has {len(g)} NPUs; "
+                           f"each group size must be one of {', '.join(map(str, GROUP_SIZES))}")
+        groups.append(g)
+        i = j + 1
+        while i < len(s) and s[i] in " \t":
+            i += 1
+        if i < len(s):
+            if s[i] != ",":
+                raise EnvError(f"Invalid {name} format. Expected ',' at position {i} in \"{raw}\"")
+            i += 1
+            while i < len(s) and s[i] in " \t":
+                i += 1
+            if i >= len(s):
+                raise EnvError(f"Invalid {name} format. Expected '[' at position {i} in \"{raw}\"")
+    seen = set()
+    for g in groups:
+        for n in g:
+            if n in seen:
+                raise EnvError(f"Invalid {name}: NPU {n} appears in more than one group")
+            seen.add(n)
+    return tuple(groups)
+
+
+def _npu_name(name: str, raw: str) -> str:
+    v = raw.strip()
+    if not re.fullmatch(r"RBLN-C[AR]\d\d", v):
+        raise _bad(name, raw, "an RBLN NPU name such as RBLN-CA25, RBLN-CA22, RBLN-CA12, RBLN-CA02 "
+                              "or RBLN-CR13")
+    return v
+
+
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    default: Any
+    parse: Callable[[str, str], Any]
+    read_at: str          # import | commit | live | runtime | category | diagnose
+    values: str
+    meaning: str
+
+
+VARS: dict[str, Var] = {v.name: v for v in (
+    Var("TORCH_RBLN_LOG_LEVEL", "WARNING", _log_level, "import", "DEBUG, INFO, WARNING, ERROR",
+        "Log verbosity of the `torch_rbln` logger; CPU-fallback notices are INFO."),
+    Var("TORCH_RBLN_LOG", None, _log_level, "import", "same as TORCH_RBLN_LOG_LEVEL",
+        "Deprecated alias of TORCH_RBLN_LOG_LEVEL (which wins when both are set)."),
+    Var("TORCH_RBLN_LOG_PATH", None, _text, "import", "a file path",
+        "Also write the log to this file."),
+    Var("TORCH_RBLN_DIAGNOSE", False, _flag_one, "import", "1",
+        "`import torch` skips backend initialisation (diagnose mode)."),
+    Var("TORCH_RBLN_SKIP_ABI_CHECK", False, _skip_abi, "import", "1/ON/TRUE/YES",
+        "Skip the ABI handshake at import (escape hatch; hides the diagnosis, not the problem)."),
+    Var("TORCH_RBLN_DISPATCH_DTYPES", (), _dtypes, "import", "dtype names, e.g. int32",
+        "Extra dtypes admitted to the eager device dispatch catalog."),
+    Var("TORCH_RBLN_DISPATCH_STRICT", (), _dtypes, "import", "dtype names",
+        "Dtypes that skip the performance fallbacks (64-alignment rule)."),
+    Var("TORCH_RBLN_DEPLOY", False, _flag_exact_on, "live", "ON",
+        "Deploy mode: skip the host NaN/Inf scan before device dispatch."),
+    Var("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK", frozenset(), _check_names, "live",
+        "comma list of " + ", ".join(CHECK_NAMES) + ", or all",
+        "Development only: skip the named pre-dispatch checks (warns once)."),
+    Var("TORCH_RBLN_EAGER_MALLOC", False, _flag_one, "live", "1",
+        "Allocate device memory when a tensor is created instead of at first device use."),
+    Var("TORCH_RBLN_DISABLE_FALLBACK", frozenset(), _fallback_categories, "category",
+        "comma list of " + ", ".join(FALLBACK_CATEGORIES) + ", or all",
+        "Turn the listed silent fallbacks into errors (unsupported_op is fixed at load)."),
+    Var("RBLN_DEVICES", None, _id_list, "commit", "comma list of physical NPU ids",
+        "Physical NPUs visible to this process (like CUDA_VISIBLE_DEVICES)."),
+    Var("RBLN_VISIBLE_DEVICES", None, _id_list, "commit", "comma list of physical NPU ids",
+        "Alias of RBLN_DEVICES."),
+    Var("RBLN_NPUS_PER_DEVICE", 1, _group_size, "commit", "1, 2, 4, 8, 16, 32",
+        "Group this many consecutive NPUs into one logical device."),
+    Var("RBLN_DEVICE_MAP", None, _device_map, "commit", "\"[0,1],[2,3,4,5]\"",
+        "Explicit logical->physical grouping; overrides RBLN_NPUS_PER_DEVICE."),
+    Var("RBLN_FORCE_NPU_NAME", "RBLN-CA25", _npu_name, "runtime", "RBLN-CA25, RBLN-CR13, ...",
+        "NPU model the virtual host emulates (device name, memory per NPU)."),
+    Var("TORCH_RBLN_VIRTUAL_NPUS", 1, _positive_int, "runtime", "a positive integer",
+        "Number of physical NPUs on the virtual host."),
+    Var("TORCH_RBLN_DEVICE_MEMORY", None, _byte_size, "runtime", "bytes, or 16GiB / 512MiB",
+        "Device memory (arena capacity) per physical NPU; default from the NPU model (16 GiB)."),
+)}
+
+
+def parse(name: str, raw: str | None = None) -> Any:
+    """The parsed value of ``name`` now (``raw`` overrides the environment)."""
+    var = VARS[name]
+    if raw is None:
+        raw = os.environ.get(name)
+    if raw is None:
+        return var.default
+    return var.parse(name, raw)
+
+
+# Live variables are read on every dispatch: cache the parse per raw string, so the hot path pays
+# one environment lookup and a dict hit.
+_environ_data = getattr(os.environ, "_data", None)
+_live_cache: dict[tuple[str, Any], Any] = {}
+
+
+def live(name: str) -> Any:
+    if _environ_data is not None:
+        raw = _environ_data.get(name.encode())
+    else:  # pragma: no cover - non-posix
+        raw = os.environ.get(name)
+    key = (name, raw)
+    try:
+        return _live_cache[key]
+    except KeyError:
+        pass
+    val = parse(name, raw.decode() if isinstance(raw, bytes) else raw)
+    _live_cache[key] = val
+    return val
+
+
+_latched: dict[str, Any] = {}
+
+
+def latched(name: str) -> Any:
+    """Value read at import/start time and kept for the process lifetime."""
+    try:
+        return _latched[name]
+    except KeyError:
+        v = _latched[name] = parse(name)
+        return v
+
+
+def log_level() -> str:
+    """TORCH_RBLN_LOG_LEVEL, or its deprecated alias TORCH_RBLN_LOG (warns once)."""
+    if os.environ.get("TORCH_RBLN_LOG_LEVEL") is None and os.environ.get("TORCH_RBLN_LOG") is not None:
+        warnings.warn("TORCH_RBLN_LOG is deprecated; use TORCH_RBLN_LOG_LEVEL", FutureWarning,
+                      stacklevel=2)
+        return latched("TORCH_RBLN_LOG")
+    return latched("TORCH_RBLN_LOG_LEVEL")
+
+
+def describe() -> list[tuple[str, str, str, str, str]]:
+    """(name, default, values, read at, meaning) rows, for the README table and diagnose."""
+    return [(v.name, str(v.default), v.values, v.read_at, v.meaning) for v in VARS.values()]

@@ -1,0 +1,186 @@
+"""torch.rbln device management: counts, selection, properties, topology."""
+
+from __future__ import annotations
+
+import torch
+
+from .runtime import devices
+
+__all__ = [
+    "current_device", "device_count", "physical_device_count", "is_available", "is_dummy_device",
+    "is_initialized", "get_amp_supported_dtype", "get_device_properties", "get_device_name",
+    "get_device_capability", "set_device", "synchronize", "device", "device_of", "device_summary",
+]
+
+_initialized = False
+
+
+def _get_device_index(dev, optional: bool = False) -> int:
+    """int passthrough; ``torch.device``/str must be rbln; no index -> current device."""
+    if isinstance(dev, bool):
+        raise TypeError(f"Invalid device type: {type(dev).__name__}")
+    if isinstance(dev, int):
+        return dev
+    if dev is None:
+        if optional:
+            return -1
+        raise ValueError("Expected a torch.device with a specified index or an integer, but got: None")
+    if isinstance(dev, str):
+        dev = torch.device(dev)
+    if isinstance(dev, torch.device):
+        if dev.type != "rbln":
+            raise ValueError(f"Expected rbln device, but got {dev.type}")
+        return dev.index if dev.index is not None else devices.current()
+    raise TypeError(f"Invalid device type: {type(dev).__name__}")
+
+
+def device_count() -> int:
+    """Number of logical RBLN devices. Never raises: 0 (and a warning) on a malformed
+    ``RBLN_*`` configuration. Plans the device mapping without committing it."""
+    return devices.count()
+
+
+def physical_device_count() -> int:
+    """Physical NPUs visible to this process, regardless of grouping."""
+    try:
+        return len(devices.plan().visible)
+    except Exception:
+        return 0
+
+
+def is_available() -> bool:
+    """Whether an RBLN device is usable. Never raises."""
+    try:
+        return devices.count() > 0
+    except Exception:
+        return False
+
+
+def is_dummy_device() -> bool:
+    """The virtual NPU executes programs, so it is never the host-backed dummy device."""
+    return False
+
+
+def is_initialized() -> bool:
+    return _initialized or device_count() == 0
+
+
+def get_amp_supported_dtype() -> list:
+    return [torch.float16, torch.bfloat16]
+
+
+def _check_index(idx: int) -> int:
+    n = devices.count_or_raise()
+    if not 0 <= idx < n:
+        raise ValueError(f"rbln device index {idx} is out of range [0, {n})")
+    return idx
+
+
+def current_device() -> int:
+    devices.count_or_raise()
+    return devices.current()
+
+
+def set_device(device) -> None:
+    """Select the current device. Bookkeeping only: commits nothing. Negative/None: no-op."""
+    global _initialized
+    idx = _get_device_index(device, optional=True)
+    if idx < 0:
+        return
+    devices.set_current(_check_index(idx))
+    _initialized = True
+
+
+class _DeviceProperties:
+    __slots__ = ("name", "total_memory", "memory_per_chiplet", "num_chiplet", "npu_count")
+
+    def __init__(self, name, total_memory, memory_per_chiplet, num_chiplet, npu_count):
+        self.name = name
+        self.total_memory = total_memory
+        self.memory_per_chiplet = memory_per_chiplet
+        self.num_chiplet = num_chiplet
+        self.npu_count = npu_count
+
+    def __repr__(self):
+        return (f"DeviceProperties(name='{self.name}', total_memory={self.total_memory}, "
+                f"memory_per_chiplet={self.memory_per_chiplet}, num_chiplet={self.num_chiplet}, "
+                f"npu_count={self.npu_count})")
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    idx = _check_index(_get_device_index(device, optional=True) if device is not None else devices.current())
+    p = devices.plan()
+    npus = len(p.groups[idx])
+    return _DeviceProperties(p.npu_name, p.memory_per_npu * npus, p.memory_per_npu // p.chiplets,
+                             p.chiplets, npus)
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> dict:
+    return {}
+
+
+def synchronize(device=None) -> None:
+    """Wait for the device's pending work. The virtual NPU runs each program to completion when
+    it is launched, so this only validates the device and commits the mapping."""
+    idx = _check_index(_get_device_index(device, optional=True) if device is not None else devices.current())
+    devices.arena(idx)
+
+
+class device:
+    """Context manager that selects ``device`` and restores the previous one on exit."""
+
+    def __init__(self, device):
+        self.idx = _get_device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        if self.idx < 0:
+            return self
+        self.prev_idx = devices.current()
+        if self.idx != self.prev_idx:
+            devices.set_current(_check_index(self.idx))
+        return self
+
+    def __exit__(self, *exc):
+        if self.idx >= 0 and self.prev_idx >= 0:
+            devices.set_current(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Select the device of ``obj`` (a Tensor or Storage); no-op for non-rbln objects."""
+
+    def __init__(self, obj):
+        if not isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+            raise TypeError(f"Expected Tensor or Storage, but got {type(obj).__name__}")
+        dev = obj.device
+        super().__init__(dev.index if dev.type == "rbln" and dev.index is not None else -1)
+
+
+def summary_text(plan=None) -> str:
+    p = plan or devices.plan()
+    rows = [(f"rbln:{i}", "[ " + ", ".join(map(str, g)) + " ]",
+             "Active (Aggregated)" if len(g) > 1 else "Active") for i, g in enumerate(p.groups)]
+    if p.unused:
+        rows.append(("-", "[ " + ", ".join(map(str, p.unused)) + " ]", "Unused"))
+    head = ("Logical Device", "Physical NPU IDs", "Status")
+    w = [max(len(head[c]), *(len(r[c]) for r in rows)) if rows else len(head[c]) for c in range(3)]
+    w[2] = max(w[2], len("Active (Aggregated)"))
+    sep = "+" + "+".join("-" * (x + 2) for x in w) + "+"
+
+    def line(r):
+        return "|" + "|".join(f" {r[c]:<{w[c]}} " for c in range(3)) + "|"
+
+    out = ["[RBLN] Device Topology Initialized:", sep, line(head), sep, *map(line, rows), sep]
+    if p.unused:
+        out.append(f"[Warning] {len(p.unused)} physical NPU(s) are unused due to grouping constraints.")
+    return "\n".join(out)
+
+
+def device_summary() -> None:
+    """Print the logical -> physical device table."""
+    print(summary_text())

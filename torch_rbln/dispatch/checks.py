@@ -1,0 +1,163 @@
+"""Pre-dispatch checks: may this op instance run on the NPU? First failure wins.
+
+Order (the reference's), each with the reason code that explain and the log report:
+
+==  ===================  ============================  =========================================
+#   check (DEV name)     reason code                   condition
+==  ===================  ============================  =========================================
+0   trace                ``trace``                     a Python trace function is active
+1   dispatch_mode        ``dispatch-mode``             a TorchDispatchMode is active
+2   dtype                ``dtype-not-fp16``            an operand dtype outside the catalog
+                                                       ({float16, bfloat16}), or mixed dtypes
+3   scalar               ``all-scalar inputs``         every tensor operand is 0-dim
+4   storage_offset       ``storage-offset``            a contiguous operand starts at offset != 0
+5   nan_inf              ``nan/inf input``             an operand holds NaN/Inf (host scan;
+                                                       skipped with TORCH_RBLN_DEPLOY=ON)
+6   reentrant            ``reentrant``                 already inside a device program
+7   (performance)        ``last-dim-not-64-aligned``   a directly passed tensor has
+                                                       ``shape[-1] % 64 != 0`` (TensorLists exempt)
+8   (performance)        ``div-rounding-fp16``         fp16/bf16 ``div`` with trunc/floor rounding
+==  ===================  ============================  =========================================
+
+Checks 0-6 can be skipped with ``TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK`` (read on every
+dispatch, warns once); 7-8 cannot (``TORCH_RBLN_DISPATCH_STRICT`` exempts dtypes from 7).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+
+import torch
+
+from .. import config
+from ..runtime.storage import buffer_of
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+           "int32": torch.int32, "int64": torch.int64, "int16": torch.int16, "int8": torch.int8,
+           "uint8": torch.uint8, "bool": torch.bool}
+
+DISPATCH_DTYPES: frozenset = frozenset()
+STRICT_DTYPES: frozenset = frozenset()
+
+
+def configure() -> None:
+    """Snapshot the dtype catalog (TORCH_RBLN_DISPATCH_DTYPES / _STRICT are read at import)."""
+    global DISPATCH_DTYPES, STRICT_DTYPES
+    DISPATCH_DTYPES = frozenset({torch.float16, torch.bfloat16} |
+                                {_DTYPES[n] for n in config.latched("TORCH_RBLN_DISPATCH_DTYPES")})
+    STRICT_DTYPES = frozenset(_DTYPES[n] for n in config.latched("TORCH_RBLN_DISPATCH_STRICT"))
+
+
+_tls = threading.local()
+
+
+def depth() -> int:
+    return getattr(_tls, "depth", 0)
+
+
+class inside_program:
+    """Marks a device program as running (drives the ``reentrant`` check)."""
+
+    def __enter__(self):
+        _tls.depth = getattr(_tls, "depth", 0) + 1
+
+    def __exit__(self, *exc):
+        _tls.depth -= 1
+
+
+_warned_dev = False
+_len_dispatch_stack = torch._C._len_torch_dispatch_stack
+
+
+def _disabled() -> frozenset:
+    global _warned_dev
+    d = config.live("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK")
+    if d and not _warned_dev:
+        _warned_dev = True
+        warnings.warn("Enabling `TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK` may lead to unexpected "
+                      "behavior. Do NOT use in production.", UserWarning, stacklevel=4)
+    return d
+
+
+def has_nonfinite(t: torch.Tensor) -> bool:
+    if t.dtype == torch.bool or not (t.is_floating_point() or t.is_complex()):
+        return False
+    buf = buffer_of(t) if t.device.type == "rbln" else None
+    if buf is not None:
+        buf.host_read()            # the scan runs on the host: a d2h if the data is on device
+        t = buf.host_alias(t)
+    return not bool(torch.isfinite(t).all())
+
+
+def check(entry, tensors: list, dtype_tensors: list, direct: list, op_args, kwargs) -> str | None:
+    """The reason this op instance cannot run on the NPU, or None.
+
+    ``tensors``: every rbln tensor operand; ``dtype_tensors``: those the dtype check sees;
+    ``direct``: tensors passed directly (not inside a list), for the 64-alignment rule."""
+    off = _disabled()
+    if off:
+        return _check_slow(entry, tensors, dtype_tensors, direct, op_args, kwargs, off)
+    if sys.gettrace() is not None:
+        return "trace"
+    if _len_dispatch_stack():
+        return "dispatch-mode"
+    if dtype_tensors:
+        d0 = dtype_tensors[0].dtype
+        if d0 not in DISPATCH_DTYPES:
+            return "dtype-not-fp16"
+        for t in dtype_tensors:
+            if t.dtype is not d0:
+                return "dtype-not-fp16"
+    for t in tensors:
+        if t.dim():
+            break
+    else:
+        return "all-scalar inputs"
+    for t in tensors:
+        if t.storage_offset() and t.is_contiguous():
+            return "storage-offset"
+    if not config.live("TORCH_RBLN_DEPLOY"):
+        for t in tensors:
+            if has_nonfinite(t):
+                return "nan/inf input"
+        for v in op_args:
+            if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+                return "nan/inf input"
+    if getattr(_tls, "depth", 0):
+        return "reentrant"
+    return _perf_rules(entry, direct, op_args, kwargs)
+
+
+def _check_slow(entry, tensors, dtype_tensors, direct, op_args, kwargs, off) -> str | None:
+    if "trace" not in off and sys.gettrace() is not None:
+        return "trace"
+    if "dispatch_mode" not in off and _len_dispatch_stack():
+        return "dispatch-mode"
+    if "dtype" not in off and dtype_tensors:
+        d0 = dtype_tensors[0].dtype
+        if d0 not in DISPATCH_DTYPES or any(t.dtype is not d0 for t in dtype_tensors):
+            return "dtype-not-fp16"
+    if "scalar" not in off and all(t.dim() == 0 for t in tensors):
+        return "all-scalar inputs"
+    if "storage_offset" not in off and any(t.storage_offset() and t.is_contiguous() for t in tensors):
+        return "storage-offset"
+    if "nan_inf" not in off and not config.live("TORCH_RBLN_DEPLOY"):
+        if any(has_nonfinite(t) for t in tensors):
+            return "nan/inf input"
+    if "reentrant" not in off and getattr(_tls, "depth", 0):
+        return "reentrant"
+    return _perf_rules(entry, direct, op_args, kwargs)
+
+
+def _perf_rules(entry, direct, op_args, kwargs) -> str | None:
+    if entry.align64:
+        for t in direct:
+            if t.dim() and t.shape[-1] % 64 and t.dtype not in STRICT_DTYPES:
+                return "last-dim-not-64-aligned"
+    if entry.name == "div.out_mode":
+        mode = kwargs.get("rounding_mode")
+        if mode in ("trunc", "floor") and any(t.dtype in (torch.float16, torch.bfloat16) for t in direct):
+            return "div-rounding-fp16"
+    return None

@@ -1,0 +1,96 @@
+"""The `torch_rbln` logger and the CPU-fallback log.
+
+The level comes from ``TORCH_RBLN_LOG_LEVEL`` (deprecated alias ``TORCH_RBLN_LOG``), read when
+the extension loads. At INFO every op that ran on the CPU logs
+
+    [2026-09-14 19:49:00.145][I] `aten::sin` op ran on CPU instead of RBLN
+
+followed by ``UserWarning("TRACE")`` attributed to the user's own source line, so Python's
+warning machinery prints ``file.py:N`` and the code line. The log is a listener on the event
+stream; it keeps no counts of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+
+from . import config, events
+
+logger = logging.getLogger("torch_rbln")
+
+_LETTER = {"DEBUG": "D", "INFO": "I", "WARNING": "W", "ERROR": "E", "CRITICAL": "C"}
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        t = time.localtime(record.created)
+        ms = int(record.msecs)
+        return (f"[{time.strftime('%Y-%m-%d %H:%M:%S', t)}.{ms:03d}]"
+                f"[{_LETTER.get(record.levelname, '?')}] {record.getMessage()}")
+
+
+def setup() -> None:
+    """Configure the logger from the environment (called once when the extension loads)."""
+    level = config.log_level()
+    logger.setLevel(getattr(logging, level))
+    logger.propagate = False
+    if not any(getattr(h, "_rbln", False) for h in logger.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(_Formatter())
+        h._rbln = True
+        logger.addHandler(h)
+        path = config.latched("TORCH_RBLN_LOG_PATH")
+        if path:
+            fh = logging.FileHandler(path)
+            fh.setFormatter(_Formatter())
+            fh._rbln = True
+            logger.addHandler(fh)
+    events.unlisten(_on_event)
+    if logger.isEnabledFor(logging.INFO):
+        events.listen(_on_event)
+
+
+def _schema_name(op: str) -> str:
+    # `aten::add.out` -> `aten::add`: the log names the operator, as the reference does
+    ns, _, rest = op.partition("::")
+    return f"{ns}::{rest.split('.', 1)[0]}" if rest else op
+
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = None
+
+
+def user_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel that points at the first frame outside torch and us."""
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+    f = sys._getframe(1)
+    level = 1
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_PKG_DIR) or fn.startswith(_TORCH_DIR) or fn.startswith("<frozen")):
+            return level
+        f = f.f_back
+        level += 1
+    return 1
+
+
+def _on_event(kind: str, key: str, amount: int) -> None:
+    if kind not in ("cpu_fallback", "host_op"):
+        return
+    logger.info("`%s` op ran on CPU instead of RBLN", _schema_name(key))
+    # the TRACE warning is also written to the log at WARNING, like the reference
+    logger.warning("TRACE")
+    warnings.warn("TRACE", UserWarning, stacklevel=user_stacklevel())
+
+
+def on_mapping_committed(plan) -> None:
+    if logger.isEnabledFor(logging.DEBUG):
+        from .device import summary_text
+        logger.debug("Device configuration complete:\n%s", summary_text(plan))

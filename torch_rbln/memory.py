@@ -1,0 +1,137 @@
+"""torch.rbln memory statistics and allocator control (torch.cuda-style)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .runtime import devices
+
+__all__ = [
+    "empty_cache", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_peak_memory_stats",
+]
+
+
+def _normalize_device(device) -> int:
+    if isinstance(device, bool):
+        raise TypeError(f"Expected an 'rbln' device, got a bool ({device!r})")
+    if device is None:
+        return devices.current()
+    if isinstance(device, int):
+        idx = device
+    elif isinstance(device, (str, torch.device)):
+        raw = device
+        try:
+            d = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"Invalid device string {raw!r}: {e}") from None
+        if d.type != "rbln":
+            raise ValueError(f"Expected an 'rbln' device, got '{d.type}' (from {raw!r})")
+        if isinstance(raw, str) and ":" in raw:
+            idx = int(raw.split(":", 1)[1])   # the raw suffix, so "rbln:256" is range-checked
+        else:
+            idx = d.index if d.index is not None else devices.current()
+    else:
+        raise TypeError(f"Expected an 'rbln' device, got {type(device).__name__} ({device!r})")
+    n = devices.count()
+    if n > 0 and not 0 <= idx < n:
+        raise ValueError(f"rbln device index {idx} is out of range [0, {n})")
+    return idx
+
+
+def _arena(device):
+    idx = _normalize_device(device)
+    if devices.count() == 0:
+        return None
+    return devices.arena(idx)
+
+
+def memory_stats(device=None) -> dict:
+    """Caching-allocator statistics of ``device`` with the dotted keys
+    (``allocated.current``, ``reserved.peak``, ...)."""
+    a = _arena(device)
+    return a.stats() if a is not None else {}
+
+
+def memory_allocated(device=None) -> int:
+    return memory_stats(device).get("allocated.current", 0)
+
+
+def max_memory_allocated(device=None) -> int:
+    return memory_stats(device).get("allocated.peak", 0)
+
+
+def memory_reserved(device=None) -> int:
+    return memory_stats(device).get("reserved.current", 0)
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory_stats(device).get("reserved.peak", 0)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    a = _arena(device)
+    if a is not None:
+        a.reset_peak()
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    a = _arena(device)
+    if a is not None:
+        a.reset_accumulated()
+
+
+def empty_cache(device=None) -> None:
+    """Release cached device blocks and drop the compiled-program caches: everything the user
+    is not holding."""
+    from .runtime import compiler
+    from .runtime.storage import host_pool
+    compiler.clear_cache()
+    host_pool.clear()
+    if devices.count() == 0:
+        return
+    if device is None:
+        for a in list(devices.arenas().values()):
+            a.empty_cache()
+    else:
+        a = _arena(device)
+        if a is not None:
+            a.empty_cache()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the device's memory, all of this process's holders included."""
+    a = _arena(device)
+    if a is None:
+        raise RuntimeError("torch.rbln.mem_get_info: no RBLN device is available")
+    return a.capacity - a.cur["reserved"], a.capacity
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    a = _arena(device)
+    if a is None:
+        return "torch_rbln memory summary: no statistics (no RBLN device or allocator uninitialized)\n"
+    idx = a.index
+    plan = devices.plan()
+    mib = 1 << 20
+    s = a.stats()
+    cols = ("allocated", "alloc peak", "reserved", "resv peak", "active", "cached")
+    vals = (s["allocated.current"], s["allocated.peak"], s["reserved.current"], s["reserved.peak"],
+            s["active.current"], s["cached.current"])
+    npu = plan.groups[idx][0] if idx < len(plan.groups) else idx
+    rule = "-" * (5 + 9 + 13 * len(cols))
+    lines = [
+        f"torch_rbln memory summary (device=rbln:{idx}, MiB)",
+        f"scope: pid {os.getpid()} -- caching allocator only, this process only",
+        "npu: physical NPU id as in device_summary() (relative to RBLN_VISIBLE_DEVICES, may differ from rbln-smi)",
+        f"{'npu':>5}{'chiplet':>9}" + "".join(f"{c:>13}" for c in cols),
+        rule,
+        f"{npu:>5}{0:>9}" + "".join(f"{v / mib:>13.1f}" for v in vals),
+        rule,
+        f"{'':>5}{'total':>9}" + "".join(f"{v / mib:>13.1f}" for v in vals),
+        f"alloc retries: {s['num_alloc_retries']}   ooms: {s['num_ooms']}",
+    ]
+    return "\n".join(lines) + "\n"
