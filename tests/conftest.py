@@ -1,0 +1,49 @@
+"""Shared test setup. `import torch` loads the rbln backend through its entry point."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run tests marked slow (full OpInfo sweep, big models)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow") or os.environ.get("TORCH_RBLN_RUNSLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: opt in with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_script(path, *args, env=None, cwd=None, timeout=300) -> subprocess.CompletedProcess:
+    """Run a Python script in a fresh process (the way a user runs the tutorial)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_RBLN_", "RBLN_"))}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+
+
+def run_code(code: str, env=None, cwd=None, timeout=300) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_RBLN_", "RBLN_"))}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
