@@ -44,6 +44,63 @@ def setup() -> None:
     catch_all = torch.library.Library("_", "IMPL")
     _libs.append(catch_all)
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
+    _patch_storage_to()
+    _patch_module_apply()
     # backward on rbln:1+ needs single-threaded autograd (the Python device guard reports one
     # device); see README "Several devices"
     del config
+
+
+def _patch_storage_to() -> None:
+    """``UntypedStorage.to("rbln")`` (used by ``torch.load``) would allocate through the C++
+    PrivateUse1 allocator, which a Python backend cannot provide: route it through our
+    ``empty`` kernel instead."""
+    import torch._utils
+    import torch.storage
+    orig = torch._utils._to
+
+    def _to(self, device, non_blocking=False):
+        if device.type == "rbln" and self.device != device:
+            st = torch.empty(self.nbytes(), dtype=torch.uint8, device=device).untyped_storage()
+            st.copy_(self, non_blocking)
+            return st
+        return orig(self, device, non_blocking)
+
+    _to.__wrapped__ = orig
+    torch._utils._to = _to
+    torch.storage._to = _to
+
+
+def _patch_module_apply() -> None:
+    """Keep tied parameters tied when modules move to or from rbln.
+
+    PyTorch moves a parameter in place (``param.data = new``, same object) only between
+    backends whose TensorImpls it knows to be interchangeable (CPU, CUDA, ...), not
+    PrivateUse1; otherwise each module gets a fresh Parameter, which unties shared weights.
+    After the outermost ``Module._apply`` (``to``, ``cpu``, ``half``, ...), every module slot that
+    held one shared parameter points at one object again, as a move to CUDA leaves them."""
+    import threading
+    orig_apply = torch.nn.Module._apply
+    tls = threading.local()
+
+    def _apply(self, fn, recurse=True):
+        if getattr(tls, "busy", False):
+            return orig_apply(self, fn, recurse)
+        shared: dict[int, list] = {}
+        for mod in self.modules():
+            for name, p in mod._parameters.items():
+                if p is not None:
+                    shared.setdefault(id(p), []).append((mod, name))
+        tls.busy = True
+        try:
+            out = orig_apply(self, fn, recurse)
+        finally:
+            tls.busy = False
+        for slots in shared.values():
+            if len(slots) > 1:
+                first = slots[0][0]._parameters[slots[0][1]]
+                for mod, name in slots[1:]:
+                    mod._parameters[name] = first
+        return out
+
+    torch.nn.Module._apply = _apply

@@ -9,16 +9,12 @@ from ..runtime.storage import CPU_KEYSET, buffer_of, new_tensor, storage_nbytes
 
 
 def device_index(device) -> int:
+    """The logical index a new rbln tensor goes to. Creating a tensor is the first real use of a
+    device: it commits the device mapping (``devices.claim``)."""
     if device is None:
-        return devices.current()
+        return devices.claim(devices.current())
     idx = device.index if isinstance(device, torch.device) else torch.device(device).index
-    if idx is None:
-        return devices.current()
-    n = devices.count()
-    if not 0 <= idx < n:
-        raise RuntimeError(f"rbln device index {idx} is out of range [0, {n}): this process sees "
-                           f"{n} logical RBLN device(s) (see torch.rbln.device_summary())")
-    return idx
+    return devices.claim(devices.current() if idx is None else idx)
 
 
 def contiguous_strides(size) -> tuple:

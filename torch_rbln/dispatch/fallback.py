@@ -25,12 +25,13 @@ _HOST_TWIN = ("aten::convolution_overrideable", "aten::convolution_backward_over
 
 
 class _Ctx:
-    __slots__ = ("index", "by_ptr", "aliases")
+    __slots__ = ("index", "by_ptr", "aliases", "outs")
 
     def __init__(self):
         self.index = None
         self.by_ptr = {}      # host storage ptr -> rbln tensor (an input that owns it)
         self.aliases = []     # (cpu alias, rbln tensor)
+        self.outs = []        # (cpu stand-in for an out= argument, rbln tensor)
 
 
 def _to_cpu(x, ctx: _Ctx):
@@ -72,7 +73,7 @@ def _mark_written(op: torch._ops.OpOverload, args, kwargs, ctx: _Ctx) -> None:
 
 def _sync_back(t: torch.Tensor, ctx: _Ctx) -> None:
     buf = buffer_of(t)
-    a = next((a for a, r in ctx.aliases if r is t), None)
+    a = next((a for a, r in ctx.outs if r is t), None)
     if a is not None and a.data_ptr() != buf.host_alias(t).data_ptr():
         # an out= stand-in: bring its data (and any resize the kernel did) into the rbln tensor
         if a.shape != t.shape:
@@ -99,7 +100,7 @@ def _to_rbln(x, ctx: _Ctx):
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             return x
-        for a, r in ctx.aliases:
+        for a, r in ctx.outs + ctx.aliases:
             if x is a:
                 return r
         owner = ctx.by_ptr.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
@@ -133,7 +134,7 @@ def _fresh_out(x, ctx: _Ctx):
         if ctx.index is None:
             ctx.index = buffer_of(x).index
         f = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
-        ctx.aliases.append((f, x))
+        ctx.outs.append((f, x))
         return f
     if isinstance(x, (list, tuple)):
         return type(x)(_fresh_out(v, ctx) for v in x)

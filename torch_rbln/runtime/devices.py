@@ -1,9 +1,16 @@
 """The virtual NPU host: physical NPUs, logical devices, and the plan/commit lifecycle.
 
-The host has ``TORCH_RBLN_VIRTUAL_NPUS`` physical NPUs of model ``RBLN_FORCE_NPU_NAME``.
-Queries (``device_count()``...) *plan* the logical->physical mapping from ``RBLN_DEVICES`` /
-``RBLN_VISIBLE_DEVICES``, ``RBLN_DEVICE_MAP`` and ``RBLN_NPUS_PER_DEVICE``; the first real use
-(an allocation, ``synchronize()``) *commits* it, after which the variables are no longer read.
+Two things are read from the environment, at two different times:
+
+* the *host* (``TORCH_RBLN_VIRTUAL_NPUS`` NPUs of model ``RBLN_FORCE_NPU_NAME``, each with
+  ``TORCH_RBLN_DEVICE_MEMORY`` bytes) is read once, at the first device query: the hardware of a
+  real host does not change while a process runs either;
+* the *mapping* (``RBLN_DEVICES`` / ``RBLN_VISIBLE_DEVICES``, ``RBLN_DEVICE_MAP``,
+  ``RBLN_NPUS_PER_DEVICE``) is re-planned by every query until the first real use (an rbln
+  tensor, ``synchronize()``) *commits* it; after that the variables are no longer read.
+
+Nothing here imports torch, so ``python -m torch_rbln.diagnose`` can plan the mapping on a
+machine where ``import torch`` fails.
 """
 
 from __future__ import annotations
@@ -13,7 +20,6 @@ import warnings
 from dataclasses import dataclass
 
 from .. import config
-from .arena import Arena
 
 # Emulated NPU models: name -> (memory per NPU in bytes, chiplets per NPU)
 NPU_MODELS = {
@@ -23,10 +29,19 @@ NPU_MODELS = {
     "RBLN-CA02": (16 << 30, 1),
     "RBLN-CR13": (144 << 30, 4),
 }
+DEFAULT_MODEL = (16 << 30, 1)
 
 
 class DeviceConfigError(RuntimeError):
     """The RBLN_* device configuration cannot be mapped onto this host."""
+
+
+@dataclass(frozen=True)
+class Host:
+    npus: int                 # physical NPUs on the virtual host (system ids 0..npus-1)
+    npu_name: str
+    memory_per_npu: int
+    chiplets: int
 
 
 @dataclass(frozen=True)
@@ -40,33 +55,48 @@ class Plan:
 
 
 _lock = threading.RLock()
+_host: Host | None = None
 _committed: Plan | None = None
-_arenas: dict[int, Arena] = {}
+_arenas: dict = {}
+
+
+def host() -> Host:
+    """The virtual host, read from the environment at the first call and fixed afterwards."""
+    global _host
+    if _host is None:
+        with _lock:
+            if _host is None:
+                name = config.parse("RBLN_FORCE_NPU_NAME")
+                mem, chiplets = NPU_MODELS.get(name, DEFAULT_MODEL)
+                override = config.parse("TORCH_RBLN_DEVICE_MEMORY")
+                _host = Host(config.parse("TORCH_RBLN_VIRTUAL_NPUS"), name,
+                             mem if override is None else override, chiplets)
+    return _host
 
 
 def physical_npus() -> int:
-    return config.parse("TORCH_RBLN_VIRTUAL_NPUS")
+    return host().npus
 
 
-def _make_plan() -> Plan:
-    n_phys = physical_npus()
-    name = config.parse("RBLN_FORCE_NPU_NAME")
-    mem, chiplets = NPU_MODELS.get(name, (16 << 30, 1))
-    override = config.parse("TORCH_RBLN_DEVICE_MEMORY")
-    if override is not None:
-        mem = override
-    visible = config.parse("RBLN_DEVICES")
-    if visible is None:
-        visible = config.parse("RBLN_VISIBLE_DEVICES")
-    if visible is None:
-        visible = tuple(range(n_phys))
-    for v in visible:
-        if v >= n_phys:
-            raise DeviceConfigError(
-                f"RBLN_DEVICES names physical NPU {v}, but this virtual host has {n_phys} NPU(s) "
-                f"(ids 0..{n_phys - 1}); set TORCH_RBLN_VIRTUAL_NPUS to emulate more")
+def _visible(h: Host) -> tuple[int, ...]:
+    """System ids of the NPUs this process may use. RBLN_DEVICES wins over its alias."""
+    for name in ("RBLN_DEVICES", "RBLN_VISIBLE_DEVICES"):
+        ids = config.parse(name)
+        if ids is None:
+            continue
+        for v in ids:
+            if v >= h.npus:
+                raise DeviceConfigError(
+                    f"{name} names physical NPU {v}, but this virtual host has {h.npus} NPU(s) "
+                    f"(ids 0..{h.npus - 1}); set TORCH_RBLN_VIRTUAL_NPUS to emulate more")
+        return ids
+    return tuple(range(h.npus))
+
+
+def _groups(visible: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """(groups of system ids, unused system ids). Ids in RBLN_DEVICE_MAP index the visible
+    pool; RBLN_DEVICE_MAP > RBLN_NPUS_PER_DEVICE > one NPU per device."""
     dmap = config.parse("RBLN_DEVICE_MAP")
-    unused: tuple[int, ...] = ()
     if dmap is not None:
         for g in dmap:
             for i in g:
@@ -74,30 +104,43 @@ def _make_plan() -> Plan:
                     raise DeviceConfigError(
                         f"RBLN_DEVICE_MAP names NPU {i}, but only {len(visible)} NPU(s) are "
                         f"visible (ids index the visible pool 0..{len(visible) - 1})")
-        groups = tuple(tuple(visible[i] for i in g) for g in dmap)
         used = {i for g in dmap for i in g}
-        unused = tuple(visible[i] for i in range(len(visible)) if i not in used)
-    else:
-        k = config.parse("RBLN_NPUS_PER_DEVICE")
-        n = len(visible) // k
-        groups = tuple(tuple(visible[j * k:(j + 1) * k]) for j in range(n))
-        unused = tuple(visible[n * k:])
-    return Plan(groups, unused, tuple(visible), name, mem, chiplets)
+        return (tuple(tuple(visible[i] for i in g) for g in dmap),
+                tuple(v for i, v in enumerate(visible) if i not in used))
+    k = config.parse("RBLN_NPUS_PER_DEVICE")
+    n = len(visible) // k
+    return tuple(visible[j * k:(j + 1) * k] for j in range(n)), visible[n * k:]
+
+
+def _make_plan() -> Plan:
+    h = host()
+    visible = _visible(h)
+    groups, unused = _groups(visible)
+    return Plan(groups, unused, visible, h.npu_name, h.memory_per_npu, h.chiplets)
 
 
 def plan() -> Plan:
-    """The mapping as it would be committed now (the committed one once frozen)."""
+    """The mapping as it would be committed now (the committed one once frozen). Raises
+    :class:`~torch_rbln.config.EnvError` or :class:`DeviceConfigError` on a bad configuration."""
+    p = _committed
+    if p is not None:
+        return p
     with _lock:
-        if _committed is not None:
-            return _committed
-        return _make_plan()
+        return _committed or _make_plan()
+
+
+def visible() -> tuple[int, ...]:
+    """Visible physical NPUs, whatever the grouping (a bad RBLN_DEVICE_MAP does not matter)."""
+    p = _committed
+    return p.visible if p is not None else _visible(host())
 
 
 def commit() -> Plan:
-    """Freeze the mapping (first real device use)."""
+    """Freeze the mapping (first real device use); later edits of the variables are ignored."""
     global _committed
-    if _committed is not None:
-        return _committed
+    p = _committed
+    if p is not None:
+        return p
     with _lock:
         if _committed is None:
             p = _make_plan()
@@ -116,6 +159,9 @@ def is_committed() -> bool:
 
 def count() -> int:
     """Logical device count; never raises (0 and a warning on a malformed configuration)."""
+    p = _committed
+    if p is not None:
+        return len(p.groups)
     try:
         return len(plan().groups)
     except (config.EnvError, DeviceConfigError) as e:
@@ -123,18 +169,38 @@ def count() -> int:
         return 0
 
 
+def _no_device() -> RuntimeError:
+    return RuntimeError("No RBLN device is available: the RBLN_* configuration leaves no logical "
+                        "device (check RBLN_DEVICES / RBLN_DEVICE_MAP / RBLN_NPUS_PER_DEVICE, "
+                        "and torch.rbln.device_summary())")
+
+
 def count_or_raise() -> int:
+    """Logical device count; the detailed configuration error, or "no device", if there is none."""
     n = len(plan().groups)
     if n == 0:
-        raise RuntimeError("No RBLN device is available: the RBLN_* configuration leaves no "
-                           "logical device (check RBLN_DEVICES / RBLN_DEVICE_MAP)")
+        raise _no_device()
     return n
 
 
-def arena(index: int) -> Arena:
+def claim(index: int) -> int:
+    """First real use of logical device ``index`` (a tensor is created on it): commit the
+    mapping and check the index against it."""
+    p = _committed or commit()
+    n = len(p.groups)
+    if not 0 <= index < n:
+        if n == 0:
+            raise _no_device()
+        raise RuntimeError(f"rbln device index {index} is out of range [0, {n}): this process sees "
+                           f"{n} logical RBLN device(s) (see torch.rbln.device_summary())")
+    return index
+
+
+def arena(index: int):
     a = _arenas.get(index)
     if a is not None:
         return a
+    from .arena import Arena  # torch-dependent: imported on first device use only
     with _lock:
         p = commit()
         if not 0 <= index < len(p.groups):
@@ -145,7 +211,7 @@ def arena(index: int) -> Arena:
         return a
 
 
-def arenas() -> dict[int, Arena]:
+def arenas() -> dict:
     return _arenas
 
 

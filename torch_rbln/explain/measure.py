@@ -1,0 +1,193 @@
+"""Turn two snapshots of the event stream into the region's ``dump()`` and ``verdict()``.
+
+Every flow number is ``after - before`` of the process-wide counters, so it includes the work of
+every thread during the region. Device memory is a level read at the end, not a delta.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import fmt, remedies
+
+Snapshot = dict  # kind -> key -> [count, amount], as events.snapshot() returns it
+
+
+def _delta(before: Snapshot, after: Snapshot, kind: str) -> dict[str, tuple[int, int]]:
+    """key -> (count, amount) for the keys of ``kind`` that moved during the region."""
+    b = before.get(kind, {})
+    out = {}
+    for key, (n, amount) in after.get(kind, {}).items():
+        n0, a0 = b.get(key, (0, 0))
+        if n > n0:
+            out[key] = (n - n0, amount - a0)
+    return out
+
+
+def _sum(d: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    return sum(c for c, _ in d.values()), sum(a for _, a in d.values())
+
+
+def _ca(c: tuple[int, int]) -> dict:
+    return {"count": c[0], "bytes": c[1]}
+
+
+def _by_count(d: dict[str, tuple[int, int]]) -> dict[str, int]:
+    return {k: c for k, (c, _) in sorted(d.items(), key=lambda kv: (-kv[1][0], kv[0]))}
+
+
+def _reasons(d: dict[str, tuple[int, int]]) -> dict[str, int]:
+    first = [r for r in remedies.REASON_ORDER if r in d]
+    rest = sorted((r for r in d if r not in remedies.REASON_ORDER), key=lambda r: (-d[r][0], r))
+    return {r: d[r][0] for r in first + rest}
+
+
+def device_memory() -> dict:
+    """Reserved device memory, summed over the arenas in use: now and the process-wide peak."""
+    from ..runtime import devices
+    arenas = list(devices.arenas().values())
+    return {"current_bytes": sum(a.cur["reserved"] for a in arenas),
+            "peak_bytes": sum(a.reserved_peak_ever for a in arenas)}
+
+
+def _proc_threads() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def host_threads() -> dict:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 0
+    try:
+        omp = int(os.environ.get("OMP_NUM_THREADS", "0"))
+    except ValueError:
+        omp = 0
+    torch_threads = torch.get_num_threads()
+    proc = _proc_threads()
+    intended = max(omp, torch_threads, proc)
+    return {"cores": cores, "torch_threads": torch_threads, "omp_threads": omp,
+            "proc_threads": proc, "intended_threads": intended,
+            "oversubscribed": cores > 0 and intended > cores}
+
+
+def _unaccelerated(ops) -> list[str]:
+    """Fallback ops the host runs without a fast-path handler (optimization candidates)."""
+    from ..dispatch.optable import BY_NAME
+    out = []
+    for op in ops:
+        entry = BY_NAME.get(op.split("::", 1)[-1])
+        if entry is None or not entry.fast_path:
+            out.append(op)
+    return out
+
+
+def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str]) -> dict:
+    bounce = _delta(before, after, "bounce")
+    by_site = {s: _ca(bounce.get(s, (0, 0))) for s in remedies.BOUNCE_SITES}
+    counted = [bounce.get(s, (0, 0)) for s in remedies.COUNTED_SITES]
+
+    fallback = _delta(before, after, "cpu_fallback")
+    recompile = _delta(before, after, "recompile")
+    dispatch = {
+        "total": _sum(_delta(before, after, "dispatch"))[0],
+        "cpu_fallback": _sum(fallback)[0],
+        "cpu_fallback_ns": _sum(fallback)[1],
+        "warm_hit": _sum(_delta(before, after, "warm_hit"))[0],
+        "recompile_miss": _sum(recompile)[0],
+    }
+
+    slow = _delta(before, after, "v2v_slow")
+    rejects = _delta(before, after, "v2v_reject")
+    user = {k: _ca(v) for k, v in rejects.items() if k in remedies.USER_REJECTS}
+    internal = _sum({k: v for k, v in rejects.items() if k not in remedies.USER_REJECTS})
+    residency = {
+        "available": True,
+        "total_count": _sum(slow)[0],
+        "by_reason": {c: _ca(slow.get(c, (0, 0))) for c in remedies.V2V_CAUSES},
+        "real_host_sync_d2h": _ca(_sum(_delta(before, after, "d2h"))),
+        "real_host_sync_h2d": _ca(_sum(_delta(before, after, "h2d"))),
+        "reject": {"user_actionable": user, "internal_fallback": _ca(internal)},
+        "debug": {"reject_raw_by_label": {k: _ca(v) for k, v in rejects.items()}},
+    }
+
+    d = {
+        "hidden_host_bounce": {"by_site": by_site,
+                               "total_count": sum(c for c, _ in counted),
+                               "total_bytes": sum(b for _, b in counted)},
+        "dispatch": dispatch,
+        "wall_ns": wall_ns,
+        "cpu_fallback_by_op": _by_count(fallback),
+        "recompile_by_op": _by_count(recompile),
+        "cpu_fallback_reasons": _reasons(_delta(before, after, "cpu_fallback_reason")),
+        "trace_by_op": dict(trace),
+        "runtime_residency": residency,
+        "device_memory": device_memory(),
+        # the virtual NPU reports every runtime signal through the event stream
+        "pending_runtime_signals": [],
+        "host_threads": host_threads(),
+    }
+    unaccelerated = _unaccelerated(d["cpu_fallback_by_op"])
+    if unaccelerated:
+        d["cpu_fallback_unaccelerated"] = unaccelerated
+    runtime = _delta(before, after, "runtime")
+    if runtime:
+        total_ns = _sum(runtime)[1]
+        d["rebel_runtime"] = {
+            "total_ns": total_ns,
+            "wall_fraction": total_ns / wall_ns if wall_ns else 0.0,
+            "by_primitive": {k: {"ns": a, "calls": c}
+                             for k, (c, a) in sorted(runtime.items(), key=lambda kv: -kv[1][1])},
+        }
+    d["notes"] = remedies.notes(d)
+    return d
+
+
+def verdict(d: dict) -> dict:
+    """Whether the region is clean, and the reasons that fired, in a fixed order."""
+    hb = d["hidden_host_bounce"]
+    rr = d["runtime_residency"]
+    hidden = rr["total_count"]
+    d2h = rr["real_host_sync_d2h"]
+    reasons = []
+    if hb["total_count"]:
+        reasons.append(f"hidden host bounce (torch-side): {hb['total_count']}x, {fmt.nbytes(hb['total_bytes'])}")
+    if hidden and d2h["count"]:
+        reasons.append(f"runtime-side physical d2h: {d2h['count']}x, {fmt.nbytes(d2h['bytes'])}")
+    for cause, c in rr["by_reason"].items():
+        if c["count"]:
+            reasons.append(f"runtime hidden d2h [{cause}]: {c['count']}x - {remedies.CAUSE_FIX[cause]}")
+    disp = d["dispatch"]
+    if disp["recompile_miss"]:
+        reasons.append(f"recompile/cold-compile: {disp['recompile_miss']}x")
+    if disp["cpu_fallback"]:
+        reasons.append(f"cpu_fallback: {disp['cpu_fallback']}x (ran on CPU)")
+    clean = not reasons
+    return {
+        "clean": clean,
+        "reasons": reasons or ["no hidden host bounce, no CPU fallback, no recompile"],
+        "hidden_host_bounces": hb["total_count"],
+        "hidden_host_bounce_bytes": hb["total_bytes"],
+        "runtime_hidden_d2h": hidden,
+        "runtime_hidden_by_reason": {k: dict(v) for k, v in rr["by_reason"].items()},
+        "cpu_fallbacks": disp["cpu_fallback"],
+        "recompiles": disp["recompile_miss"],
+        "notes": [dict(n) for n in d["notes"]],
+    }
+
+
+def kinds_fired(d: dict) -> int:
+    """How many kinds of hidden overhead fired (the ``[overhead: N]`` marker)."""
+    return sum((bool(d["hidden_host_bounce"]["total_count"]),
+                bool(d["runtime_residency"]["total_count"]),
+                bool(d["dispatch"]["cpu_fallback"]),
+                bool(d["dispatch"]["recompile_miss"])))

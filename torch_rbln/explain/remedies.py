@@ -1,0 +1,134 @@
+"""What each signal means for the user and what to change: report labels, the short ``try:``
+hints of the table, and the full remedies behind ``help()`` and ``dump()["notes"]``."""
+
+from __future__ import annotations
+
+# Torch-side host bounce sites, in report order. The first four are host round trips and make
+# a region "overhead"; the two batch sites only lost batching and never do.
+BOUNCE_SITES = (
+    "copy_d2d_host_bounce", "copy_h2d_staging", "copy_h2d_noncontig_dst",
+    "strided_v2v_cpu_fallback", "v2v_batch_to_per_entry", "host_batch_to_per_entry",
+)
+COUNTED_SITES = BOUNCE_SITES[:4]
+
+BOUNCE_LABEL = {
+    "copy_d2d_host_bounce": "host_bounce/d2d_copy",
+    "copy_h2d_staging": "host_bounce/h2d_staging",
+    "copy_h2d_noncontig_dst": "host_bounce/h2d_noncontig_dst",
+    "strided_v2v_cpu_fallback": "host_bounce/strided_v2v_cpu_fallback",
+    "v2v_batch_to_per_entry": "host_bounce/v2v_batch_to_per_entry",
+    "host_batch_to_per_entry": "host_bounce/host_batch_to_per_entry",
+}
+
+# Why a device-to-device copy had to go through the host (runtime side), in report order.
+V2V_CAUSES = ("src_not_on_device", "src_device_only_real_d2h", "src_synced_host_served")
+
+# Reasons the runtime rejected a fast copy plan that the user can act on; every other reason is
+# runtime-internal and shown as one bucket.
+USER_REJECTS = ("src_not_on_device", "dtype_mismatch")
+INTERNAL_REJECT = "internal_fallback"
+
+# Pre-dispatch check reasons listed first in ``why:`` (any other code follows, by count).
+REASON_ORDER = ("dtype-not-fp16", "nan/inf input", "all-scalar inputs")
+
+SHORT_FIX = {
+    "copy_d2d_host_bounce": "make contiguous, or v2v engine",
+    "copy_h2d_staging": "keep src on-device / stage once",
+    "copy_h2d_noncontig_dst": "contiguous staging, then h2d",
+    "strided_v2v_cpu_fallback": "lower outer_count / fatter inner",
+    "v2v_batch_to_per_entry": "check kMaxV2VMultiCopies / batch geom",
+    "host_batch_to_per_entry": "check for overlapping dst ranges",
+    "cpu_fallback": "graph mode, or a supported dtype",
+    "recompile": "stabilize shapes, or graph mode",
+    "v2v_slow": "establish device residency first",
+}
+
+REMEDY = {
+    "copy_d2d_host_bounce":
+        "a device-to-device copy could not run on the device (dtype conversion, broadcast or "
+        "strided layout) and went through host memory; convert dtypes before moving tensors to "
+        "rbln, keep both sides contiguous with the same dtype and shape (e.g. a contiguous KV "
+        "layout) so the on-device v2v engine takes the copy",
+    "copy_h2d_staging":
+        "a CPU source had to be converted (dtype or layout) on the host before the upload; "
+        "create the tensor on rbln directly, or convert it once (.to(dtype).contiguous()) and "
+        "reuse the staged copy instead of re-uploading every step",
+    "copy_h2d_noncontig_dst":
+        "a host-to-device write landed in a non-contiguous rbln view, which is written on the "
+        "host side; copy into a contiguous rbln buffer first, then rearrange it on the device",
+    "strided_v2v_cpu_fallback":
+        "a strided device-to-device copy (cat/index/copy_) ran on the CPU; use fewer, larger "
+        "contiguous inner blocks (a lower outer count) so the device copy engine qualifies",
+    "v2v_batch_to_per_entry":
+        "a batched device copy was split into per-entry copies (lost batching, not a host trip); "
+        "keep the batch within the per-destination copy limit and use a regular geometry",
+    "host_batch_to_per_entry":
+        "a batched host<->device copy was split into per-entry copies; make sure the destination "
+        "ranges of one batch do not overlap (the runtime expects them disjoint)",
+    "cpu_fallback":
+        "ops ran on the CPU instead of the NPU; run the step in graph mode "
+        "(torch.compile(model, backend='rbln')), convert to a supported dtype (float16 or "
+        "bfloat16) before .to('rbln'), and meet the op's input rules (see why:); ops that are "
+        "host-only by nature (argmax, sampling) are expected here",
+    "recompile":
+        "programs were compiled for new (op, shape, dtype) keys; one cold compile per key is "
+        "expected, but compiles in a steady loop mean the shapes keep changing: pad or bucket "
+        "them to a few stable sizes, or use graph mode",
+}
+
+CAUSE_FIX = {
+    "src_not_on_device":
+        "the copy's source was host-latest; make it device-resident (let a device op produce it, "
+        "or upload it once) before copying it on the device",
+    "src_device_only_real_d2h":
+        "the source lived only on the device and the copy needed a real device-to-host transfer "
+        "(the layout could not be planned on the device: dtype, alignment or too many pieces); "
+        "align dtypes and keep the copy contiguous",
+    "src_synced_host_served":
+        "the source was in sync on host and device, so a host memcpy served the copy with no "
+        "transfer; usually harmless, make the source device-resident to use the device engine",
+}
+
+REJECT_FIX = {
+    "src_not_on_device": "establish device residency before the copy",
+    "dtype_mismatch": "align the src/dst dtype",
+}
+INTERNAL_FIX = "runtime-internal, not user-fixable"
+
+
+def notes(d: dict) -> list[dict]:
+    """The fired signals with their remedy, host bounces first, then runtime, then dispatch."""
+    out = []
+    for site, c in d["hidden_host_bounce"]["by_site"].items():
+        if c["count"]:
+            out.append({"signal": f"host_bounce/{site}", "fix": REMEDY[site]})
+    rr = d["runtime_residency"]
+    if rr.get("available"):
+        for cause, c in rr["by_reason"].items():
+            if c["count"]:
+                out.append({"signal": f"runtime/v2v_slow:{cause}", "fix": CAUSE_FIX[cause]})
+        rej = rr.get("reject", {})
+        for label in rej.get("user_actionable", {}):
+            out.append({"signal": f"runtime/v2v_reject:{label}", "fix": REJECT_FIX[label]})
+        if rej.get("internal_fallback", {}).get("count"):
+            out.append({"signal": f"runtime/v2v_reject:{INTERNAL_REJECT}", "fix": INTERNAL_FIX})
+    if d["dispatch"]["cpu_fallback"]:
+        out.append({"signal": "dispatch/cpu_fallback", "fix": REMEDY["cpu_fallback"]})
+    if d["dispatch"]["recompile_miss"]:
+        out.append({"signal": "dispatch/recompile", "fix": REMEDY["recompile"]})
+    return out
+
+
+def lookup(signal: str, fired: list[dict]) -> str:
+    """The remedy for ``signal``: a site key, a cause, a reject label or a report signal such as
+    ``dispatch/cpu_fallback`` or ``runtime/v2v_slow:src_not_on_device``."""
+    key = signal.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+    for table in (REMEDY, CAUSE_FIX, REJECT_FIX):
+        if key in table:
+            return table[key]
+    if key == INTERNAL_REJECT:
+        return INTERNAL_FIX
+    for n in fired:
+        if signal in n["signal"]:
+            return n["fix"]
+    return f"no remedy for '{signal}'"

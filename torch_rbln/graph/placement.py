@@ -1,0 +1,132 @@
+"""Where each node of an aten graph runs: the same decision rules as eager ops.
+
+A node is placed on the device when eager would run it there: its op has an entry in the device
+op table (``dispatch/optable.py``) and it passes the pre-dispatch checks that depend on what a
+graph knows at compile time (dtype catalog, all-scalar operands, the 64-alignment and
+div-rounding rules). The data-dependent checks (NaN/Inf scan, storage offset) and the
+thread-state checks (trace, dispatch mode, reentrancy) have no meaning for a compiled graph and
+are not applied. The alignment rule applies to static extents only (a dynamic extent would
+otherwise specialise the graph).
+
+Everything else runs on the host and carries the reason eager would report; an op without a
+device kernel has the reason ``no-device-kernel``. Metadata ops (views), copies, dtype
+conversions and factories are *free*: they follow their neighbours and are never reported,
+as in eager where they are not device-table ops either.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from ..dispatch import checks
+from ..dispatch.optable import DEVICE_OPS, OpEntry
+
+NO_KERNEL = "no-device-kernel"
+
+aten = torch.ops.aten
+# data movement the device and the host both do without a kernel of the op table
+_FREE_OPS = frozenset({
+    aten.clone.default, aten._to_copy.default, aten.copy.default, aten.detach.default,
+    aten.lift_fresh_copy.default, aten.contiguous.default,
+})
+
+
+@dataclass(frozen=True)
+class Placement:
+    where: str              # "device", "host" or "free"
+    op: str = ""            # the name reports use (the eager kernel's, e.g. ``aten::mul.out``)
+    reason: str = ""        # why a host node is not on the device
+
+
+FREE = Placement("free")
+
+
+def _entries_by_fn() -> dict:
+    """functional overload -> op-table entry, preferring the entry registered under that name."""
+    table: dict = {}
+    for e in DEVICE_OPS:
+        packet, _, ov = e.fn.partition(".")
+        fn = getattr(getattr(aten, packet), ov or "default")
+        if fn not in table or e.name == e.fn:
+            table[fn] = e
+    return table
+
+
+_BY_FN = _entries_by_fn()
+
+
+def _tensor_args(node: torch.fx.Node):
+    """(position, fake value) of the tensors passed directly as positional arguments."""
+    for i, a in enumerate(node.args):
+        if isinstance(a, torch.fx.Node):
+            v = a.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                yield i, v
+
+
+def _is_factory(op: torch._ops.OpOverload) -> bool:
+    return not any(isinstance(a.type, torch.TensorType) or "Tensor" in str(a.type)
+                   for a in op._schema.arguments)
+
+
+def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
+    """The eager pre-dispatch checks a graph can decide; the reason code or None."""
+    tensors, dtype_tensors = [], []
+    for i, v in _tensor_args(node):
+        if v.device.type != "rbln" and v.dim() == 0:
+            continue                      # a CPU 0-dim tensor is a scalar operand
+        tensors.append(v)
+        if i not in entry.skip_dtype:
+            dtype_tensors.append(v)
+    if dtype_tensors:
+        d0 = dtype_tensors[0].dtype
+        if d0 not in checks.DISPATCH_DTYPES or any(t.dtype is not d0 for t in dtype_tensors):
+            return "dtype-not-fp16"
+    if tensors and all(t.dim() == 0 for t in tensors):
+        return "all-scalar inputs"
+    if entry.align64:
+        for t in tensors:
+            if t.dim() and not _aligned(t.shape[-1]) and t.dtype not in checks.STRICT_DTYPES:
+                return "last-dim-not-64-aligned"
+    if entry.name == "div.out_mode" and node.kwargs.get("rounding_mode") in ("trunc", "floor"):
+        if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors):
+            return "div-rounding-fp16"
+    return None
+
+
+def _aligned(extent) -> bool:
+    # A dynamic extent (dynamic=True) is served by the device program whatever it becomes: the
+    # rule is a performance rule, and deciding it would specialise the graph on the extent.
+    if isinstance(extent, torch.SymInt):
+        return True
+    return extent % 64 == 0
+
+
+def place(node: torch.fx.Node) -> Placement:
+    """Where ``node`` (a ``call_function`` node of an aten graph) runs."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return FREE                       # getitem, SymInt arithmetic
+    if target.is_view or target in _FREE_OPS or _is_factory(target):
+        return FREE
+    entry = _BY_FN.get(target)
+    if entry is None:
+        return Placement("host", target.name(), NO_KERNEL)
+    op = "aten::" + entry.name
+    reason = _check(entry, node)
+    if reason is not None:
+        return Placement("host", op, reason)
+    return Placement("device", op)
+
+
+def place_graph(gm: torch.fx.GraphModule) -> dict:
+    """node -> Placement for every ``call_function`` node."""
+    return {n: place(n) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def is_getitem(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
