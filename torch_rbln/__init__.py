@@ -20,11 +20,30 @@ except Exception:  # not installed (source tree)
 status = "uninitialized"
 
 
+def _started_as_diagnose(argv: list[str]) -> bool:
+    """``python [options] -m torch_rbln.diagnose``: scan the interpreter's own options only."""
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m":
+            return i + 1 < len(argv) and argv[i + 1] == "torch_rbln.diagnose"
+        if a.startswith("-m"):
+            return a[2:] == "torch_rbln.diagnose"
+        if a in ("-c", "-", "--") or not a.startswith("-"):
+            return False            # a command, stdin or a script: not `-m`
+        i += 2 if a in ("-X", "-W", "--check-hash-based-pycs") else 1
+    return False
+
+
 def is_diagnose_mode() -> bool:
-    if os.environ.get("TORCH_RBLN_DIAGNOSE") == "1":
+    """``TORCH_RBLN_DIAGNOSE=1``, or the process runs ``python -m torch_rbln.diagnose``."""
+    if _started_as_diagnose(getattr(sys, "orig_argv", None) or []):
         return True
-    argv = getattr(sys, "orig_argv", None) or []
-    return "torch_rbln.diagnose" in argv[:4] and "-m" in argv[:4]
+    raw = os.environ.get("TORCH_RBLN_DIAGNOSE")
+    if raw is None:
+        return False
+    from . import config
+    return config.parse("TORCH_RBLN_DIAGNOSE", raw)
 
 
 def torch_backends_entry_point() -> None:
@@ -35,6 +54,8 @@ def torch_backends_entry_point() -> None:
     status = "initializing"
     try:
         import torch  # noqa: F401
+        from . import abi
+        abi.check()   # before _backend touches any hook: a torch without them fails clearly here
         from . import _backend
         _backend.setup()
     except BaseException:

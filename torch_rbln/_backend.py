@@ -29,7 +29,8 @@ class _Guard(torch._C._acc.DeviceGuard):
 
 def setup() -> None:
     from . import api, config, log
-    from .dispatch import checks, copy, device_op, factories, fallback, views
+    from .dispatch import checks, copy, device_op, factories, fallback, native, special, views
+    from .runtime import compiler
 
     log.setup()
     checks.configure()
@@ -38,16 +39,23 @@ def setup() -> None:
                                             device_guard=_Guard())
     aten = torch.library.Library("aten", "IMPL")
     _libs.append(aten)
-    for table in (views.kernels(), factories.KERNELS, copy.KERNELS, device_op.kernels()):
+    for table in (views.kernels(), factories.KERNELS, copy.KERNELS, device_op.kernels(),
+                  native.KERNELS, special.KERNELS, fallback.host_kernels()):
         for name, fn in table.items():
             aten.impl(name, fn, "PrivateUse1")
+    for name, fn in special.AUTOGRAD_KERNELS.items():
+        aten.impl(name, fn, "AutogradPrivateUse1")
+    compiler.install_dynamo_reset_hook()
     catch_all = torch.library.Library("_", "IMPL")
     _libs.append(catch_all)
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
     _patch_storage_to()
     _patch_module_apply()
+    _patch_accelerator()
     # backward on rbln:1+ needs single-threaded autograd (the Python device guard reports one
-    # device); see README "Several devices"
+    # device); see backward.py and docs/devices.md
+    from . import backward
+    backward.install()
     del config
 
 
@@ -104,3 +112,61 @@ def _patch_module_apply() -> None:
         return out
 
     torch.nn.Module._apply = _apply
+
+
+def _patch_accelerator() -> None:
+    """``torch.accelerator`` routes memory statistics and synchronize through C++ hooks a Python
+    backend cannot install; for rbln, answer them from ``torch.rbln``."""
+    import collections
+    import torch.accelerator as acc
+    import torch.accelerator.memory as accmem
+    from . import api
+
+    def _is_rbln(device_index) -> bool:
+        if isinstance(device_index, (str, torch.device)):
+            return torch.device(device_index).type == "rbln"
+        cur = torch.accelerator.current_accelerator()
+        return cur is not None and cur.type == "rbln"
+
+    def _idx(device_index):
+        if isinstance(device_index, (str, torch.device)):
+            d = torch.device(device_index)
+            return d.index
+        return device_index
+
+    def _wrap(name, ours):
+        orig = getattr(acc, name)
+
+        def fn(device_index=None, /):
+            if _is_rbln(device_index):
+                return ours(_idx(device_index))
+            return orig(device_index)
+
+        fn.__doc__ = orig.__doc__
+        fn.__name__ = name
+        setattr(acc, name, fn)
+        if hasattr(accmem, name):
+            setattr(accmem, name, fn)
+
+    def memory_stats(idx):
+        s = api.memory_stats(idx)
+        out = collections.OrderedDict()
+        for ours, theirs in (("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"),
+                             ("active", "active_bytes")):
+            out[f"{theirs}.all.current"] = s.get(f"{ours}.current", 0)
+            out[f"{theirs}.all.peak"] = s.get(f"{ours}.peak", 0)
+            out[f"{theirs}.all.allocated"] = s.get(f"{ours}.total_allocated", 0)
+            out[f"{theirs}.all.freed"] = s.get(f"{ours}.total_freed", 0)
+        out["inactive_split_bytes.all.current"] = s.get("cached.current", 0)
+        out["num_alloc_retries"] = s.get("num_alloc_retries", 0)
+        out["num_ooms"] = s.get("num_ooms", 0)
+        out["num_device_alloc"] = s.get("num_device_alloc", 0)
+        out["num_device_free"] = s.get("num_device_free", 0)
+        return out
+
+    _wrap("memory_stats", memory_stats)
+    _wrap("empty_cache", lambda idx: api.empty_cache(idx))
+    _wrap("reset_peak_memory_stats", lambda idx: api.reset_peak_memory_stats(idx))
+    _wrap("reset_accumulated_memory_stats", lambda idx: api.reset_accumulated_memory_stats(idx))
+    _wrap("get_memory_info", lambda idx: api.mem_get_info(idx))
+    _wrap("synchronize", lambda idx: api.synchronize(idx))

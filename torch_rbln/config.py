@@ -1,15 +1,20 @@
 """Environment variables: one table, one parser each, one place that reads them.
 
-Each variable has a documented read time:
+Each variable has a documented read time (``Var.read_at``, see :data:`READ_TIMES`):
 
 * ``import``    read once when the extension loads (``latched()``),
-* ``commit``    read when the device mapping is committed (first real device use),
+* ``runtime``   read once when the virtual NPU runtime starts: the first device query,
+* ``commit``    re-read by every device query until the mapping is committed (first real device
+                use), ignored afterwards,
 * ``live``      read on every dispatch, check or allocation (``live()``),
-* ``runtime``   read when the virtual NPU runtime starts (first device query).
+* ``category``  per fallback category (``TORCH_RBLN_DISABLE_FALLBACK``).
 
 Malformed values raise :class:`EnvError` (a ``ValueError``) naming the variable and the accepted
-values; nothing is silently ignored unless the reference documents it (unknown names in
-``TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK``).
+values, at the variable's read time; nothing is silently ignored unless the reference documents
+it (unknown names in ``TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK``). Variables of the reference
+that mean nothing on a virtual NPU host are listed in :data:`INERT`; diagnose flags them.
+
+``docs/env.md`` is generated from this table (``markdown()``); a test keeps them equal.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["EnvError", "VARS", "live", "latched", "parse", "describe"]
+__all__ = ["EnvError", "VARS", "INERT", "live", "latched", "parse", "describe", "markdown"]
 
 
 class EnvError(ValueError):
@@ -234,7 +239,7 @@ class Var:
     name: str
     default: Any
     parse: Callable[[str, str], Any]
-    read_at: str          # import | commit | live | runtime | category | diagnose
+    read_at: str          # a key of READ_TIMES
     values: str
     meaning: str
 
@@ -265,7 +270,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "comma list of " + ", ".join(FALLBACK_CATEGORIES) + ", or all",
         "Turn the listed silent fallbacks into errors (unsupported_op is fixed at load)."),
     Var("RBLN_DEVICES", None, _id_list, "commit", "comma list of physical NPU ids",
-        "Physical NPUs visible to this process (like CUDA_VISIBLE_DEVICES)."),
+        "Physical NPUs visible to this process (like CUDA_VISIBLE_DEVICES); wins over "
+        "RBLN_VISIBLE_DEVICES. Empty: none."),
     Var("RBLN_VISIBLE_DEVICES", None, _id_list, "commit", "comma list of physical NPU ids",
         "Alias of RBLN_DEVICES."),
     Var("RBLN_NPUS_PER_DEVICE", 1, _group_size, "commit", "1, 2, 4, 8, 16, 32",
@@ -274,10 +280,16 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "Explicit logical->physical grouping; overrides RBLN_NPUS_PER_DEVICE."),
     Var("RBLN_FORCE_NPU_NAME", "RBLN-CA25", _npu_name, "runtime", "RBLN-CA25, RBLN-CR13, ...",
         "NPU model the virtual host emulates (device name, memory per NPU)."),
+    Var("RBLN_DUMMY_DEVICE", False, _flag_truthy, "runtime",
+        "1/true/t/yes/y/on or 0/false/f/no/n/off",
+        "Validated like the runtime does (any other value is an error). The virtual NPU already "
+        "runs anywhere, so the host-backed dummy device is not emulated: a true value warns and "
+        "devices still execute."),
     Var("TORCH_RBLN_VIRTUAL_NPUS", 1, _positive_int, "runtime", "a positive integer",
-        "Number of physical NPUs on the virtual host."),
+        "Number of physical NPUs on the virtual host (ours)."),
     Var("TORCH_RBLN_DEVICE_MEMORY", None, _byte_size, "runtime", "bytes, or 16GiB / 512MiB",
-        "Device memory (arena capacity) per physical NPU; default from the NPU model (16 GiB)."),
+        "Device memory (arena capacity) per physical NPU; default from the NPU model "
+        "(16 GiB; RBLN-CR13: 144 GiB) (ours)."),
 )}
 
 
@@ -333,6 +345,65 @@ def log_level() -> str:
     return latched("TORCH_RBLN_LOG_LEVEL")
 
 
+READ_TIMES = {
+    "import": "once, when `import torch` loads the extension",
+    "runtime": "once, at the first device query (the virtual NPU runtime starts)",
+    "commit": "by every device query until the first real device use commits the mapping; "
+              "frozen afterwards",
+    "live": "on every dispatch, check or allocation",
+    "category": "`unsupported_op` when the extension loads; the other categories on each check",
+}
+
+# Reference variables with no meaning on a virtual NPU host: name -> why.
+INERT = {
+    "TORCH_RBLN_USE_DEVICE_TP": "older releases only; eager ops always compile for one NPU",
+    "TORCH_RBLN_USE_TP_FAILOVER": "older releases only; eager ops always compile for one NPU",
+    "TORCH_RBLN_C10D_ASYNC": "there is no rbln-ccl process group on a virtual host",
+    "TORCH_RBLN_BUILD_TYPE": "a CMake build setting; this package has no native build",
+    "RBLN_ROOT_IP": "rbln-ccl control plane; there is no rbln-ccl on a virtual host",
+    "RBLN_LOCAL_IP": "rbln-ccl control plane; there is no rbln-ccl on a virtual host",
+    "RBLN_FORCE_LOOPBACK_CONTROL_PLANE": "rbln-ccl control plane; there is no rbln-ccl",
+    "RBLN_RDMA_IP": "rbln-ccl data plane; there is no rbln-ccl on a virtual host",
+    "RBLN_RDMA_HCA": "rbln-ccl data plane; there is no rbln-ccl on a virtual host",
+    "RBLN_DISABLE_AUTO_RDMA_IP": "rbln-ccl data plane; there is no rbln-ccl on a virtual host",
+    "RBLN_PROFILER": "the NPU profiler's Kineto bridge needs librbln.so",
+    "RBLN_PROFILER_DIR": "the NPU profiler's Kineto bridge needs librbln.so",
+    "RBLN_OFFLOAD_DIR": "file offload is a librbln.so feature",
+    "REBEL_HOME": "no librbln.so is searched for; the runtime is part of this package",
+}
+
+
 def describe() -> list[tuple[str, str, str, str, str]]:
     """(name, default, values, read at, meaning) rows, for the README table and diagnose."""
-    return [(v.name, str(v.default), v.values, v.read_at, v.meaning) for v in VARS.values()]
+    return [(v.name, _show_default(v.default), v.values, v.read_at, v.meaning)
+            for v in VARS.values()]
+
+
+def _show_default(d: Any) -> str:
+    if d is None or d == () or d == frozenset():
+        return "unset"
+    if d is False:
+        return "off"
+    return str(d)
+
+
+def markdown() -> str:
+    """docs/env.md: the variable table, the read times and the inert variables."""
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    out = ["# Environment variables", "",
+           "Generated from `torch_rbln.config.describe()`; do not edit by hand. Regenerate with",
+           "`python -c \"from torch_rbln import config; "
+           "open('docs/env.md', 'w').write(config.markdown())\"`.", "",
+           "A malformed value raises an error naming the variable and the accepted values, at "
+           "the variable's read time (`device_count()` warns and returns 0 instead, and "
+           "`is_available()` returns False, for the device variables).", "",
+           "| Variable | Default | Values | Read | Meaning |", "|---|---|---|---|---|"]
+    for name, default, values, read_at, meaning in describe():
+        out.append(f"| `{name}` | {esc(default)} | {esc(values)} | {read_at} | {esc(meaning)} |")
+    out += ["", "## Read times", "", "| Read | When |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in READ_TIMES.items()]
+    out += ["", "## Reference variables with no effect here", "",
+            "`python -m torch_rbln.diagnose` flags these when they are set.", "",
+            "| Variable | Why |", "|---|---|"]
+    out += [f"| `{k}` | {v} |" for k, v in INERT.items()]
+    return "\n".join(out) + "\n"

@@ -162,23 +162,8 @@ class device_of(device):
 
 
 def summary_text(plan=None) -> str:
-    p = plan or devices.plan()
-    rows = [(f"rbln:{i}", "[ " + ", ".join(map(str, g)) + " ]",
-             "Active (Aggregated)" if len(g) > 1 else "Active") for i, g in enumerate(p.groups)]
-    if p.unused:
-        rows.append(("-", "[ " + ", ".join(map(str, p.unused)) + " ]", "Unused"))
-    head = ("Logical Device", "Physical NPU IDs", "Status")
-    w = [max(len(head[c]), *(len(r[c]) for r in rows)) if rows else len(head[c]) for c in range(3)]
-    w[2] = max(w[2], len("Active (Aggregated)"))
-    sep = "+" + "+".join("-" * (x + 2) for x in w) + "+"
-
-    def line(r):
-        return "|" + "|".join(f" {r[c]:<{w[c]}} " for c in range(3)) + "|"
-
-    out = ["[RBLN] Device Topology Initialized:", sep, line(head), sep, *map(line, rows), sep]
-    if p.unused:
-        out.append(f"[Warning] {len(p.unused)} physical NPU(s) are unused due to grouping constraints.")
-    return "\n".join(out)
+    """The logical -> physical table (``device_summary()``), for ``plan`` or the current one."""
+    return devices.summary_text(plan or devices.plan())
 
 
 def device_summary() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -90,6 +91,9 @@ def empty_cache(device=None) -> None:
     from .runtime import compiler
     from .runtime.storage import host_pool
     compiler.clear_cache()
+    graph = sys.modules.get("torch_rbln.graph.backend")   # loaded by the first torch.compile
+    if graph is not None:
+        graph.drop_all()
     host_pool.clear()
     if devices.count() == 0:
         return

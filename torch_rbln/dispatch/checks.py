@@ -25,6 +25,8 @@ dispatch, warns once); 7-8 cannot (``TORCH_RBLN_DISPATCH_STRICT`` exempts dtypes
 
 from __future__ import annotations
 
+import logging
+import math
 import sys
 import threading
 import warnings
@@ -33,6 +35,9 @@ import torch
 
 from .. import config
 from ..runtime.storage import buffer_of
+from .copy import covers
+
+_log = logging.getLogger("torch_rbln")
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
            "int32": torch.int32, "int64": torch.int64, "int16": torch.int16, "int8": torch.int8,
@@ -57,18 +62,30 @@ def depth() -> int:
     return getattr(_tls, "depth", 0)
 
 
-class inside_program:
-    """Marks a device program as running (drives the ``reentrant`` check)."""
+def enter_program() -> None:
+    """A device program starts running (drives the ``reentrant`` check)."""
+    _tls.depth = getattr(_tls, "depth", 0) + 1
 
+
+def exit_program() -> None:
+    _tls.depth -= 1
+
+
+class inside_program:
     def __enter__(self):
-        _tls.depth = getattr(_tls, "depth", 0) + 1
+        enter_program()
 
     def __exit__(self, *exc):
-        _tls.depth -= 1
+        exit_program()
 
 
 _warned_dev = False
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
+_isfinite = math.isfinite
+# the scan sums in a dtype wide enough that finite inputs never overflow: any NaN/Inf in the
+# input, and only that, makes the sum non-finite (one host kernel instead of isfinite + all)
+_SCAN_ACC = {torch.float16: torch.float32, torch.bfloat16: torch.float64,
+             torch.float32: torch.float64, torch.float64: torch.float64}
 
 
 def _disabled() -> frozenset:
@@ -82,23 +99,47 @@ def _disabled() -> frozenset:
 
 
 def has_nonfinite(t: torch.Tensor) -> bool:
-    if t.dtype == torch.bool or not (t.is_floating_point() or t.is_complex()):
+    """The host NaN/Inf scan of one operand: a physical d2h first if its data is on device.
+
+    A storage scanned whole and found finite stays marked until its next write (the mark is
+    cleared by every residency write transition), so unchanged weights are scanned once."""
+    acc = _SCAN_ACC.get(t.dtype)
+    if acc is None:
+        return False            # bool and integer tensors never count
+    if t.device.type != "rbln":
+        return not _isfinite(t.sum(dtype=acc).item())
+    buf = buffer_of(t)
+    if buf.scanned is t.dtype:
         return False
-    buf = buffer_of(t) if t.device.type == "rbln" else None
-    if buf is not None:
-        buf.host_read()            # the scan runs on the host: a d2h if the data is on device
-        t = buf.host_alias(t)
-    return not bool(torch.isfinite(t).all())
+    buf.host_read()
+    whole = covers(t, buf)
+    h = buf._flat(buf.host, buf._hflat, t.dtype)[: buf.nbytes // t.itemsize] if whole \
+        else buf.host_alias(t)
+    bad = not _isfinite(h.sum(dtype=acc).item())
+    if whole and not bad:
+        buf.scanned = t.dtype
+    return bad
 
 
-def check(entry, tensors: list, dtype_tensors: list, direct: list, op_args, kwargs) -> str | None:
+def _nonfinite_scalar(op_args, scalars) -> bool:
+    for v in op_args:
+        if type(v) is float and not _isfinite(v):
+            return True
+    for s in scalars:
+        if s.is_floating_point() and not _isfinite(s.item()):
+            return True
+    return False
+
+
+def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwargs) -> str | None:
     """The reason this op instance cannot run on the NPU, or None.
 
-    ``tensors``: every rbln tensor operand; ``dtype_tensors``: those the dtype check sees;
-    ``direct``: tensors passed directly (not inside a list), for the 64-alignment rule."""
+    ``tensors``: the rbln tensor operands, passed directly (TensorLists are not operands here,
+    which also exempts them from the 64-alignment rule); ``dtype_tensors``: the operands the
+    dtype check sees; ``scalars``: wrapped Python scalars (CPU 0-dim tensors)."""
     off = _disabled()
     if off:
-        return _check_slow(entry, tensors, dtype_tensors, direct, op_args, kwargs, off)
+        return _check_slow(entry, tensors, dtype_tensors, scalars, op_args, kwargs, off)
     if sys.gettrace() is not None:
         return "trace"
     if _len_dispatch_stack():
@@ -122,15 +163,15 @@ def check(entry, tensors: list, dtype_tensors: list, direct: list, op_args, kwar
         for t in tensors:
             if has_nonfinite(t):
                 return "nan/inf input"
-        for v in op_args:
-            if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
-                return "nan/inf input"
+        if _nonfinite_scalar(op_args, scalars):
+            return "nan/inf input"
     if getattr(_tls, "depth", 0):
+        _log.warning("Unexpected CPU fallback: reentrant dispatch (already inside RBLN compile op)")
         return "reentrant"
-    return _perf_rules(entry, direct, op_args, kwargs)
+    return _perf_rules(entry, tensors, op_args, kwargs)
 
 
-def _check_slow(entry, tensors, dtype_tensors, direct, op_args, kwargs, off) -> str | None:
+def _check_slow(entry, tensors, dtype_tensors, scalars, op_args, kwargs, off) -> str | None:
     if "trace" not in off and sys.gettrace() is not None:
         return "trace"
     if "dispatch_mode" not in off and _len_dispatch_stack():
@@ -144,11 +185,12 @@ def _check_slow(entry, tensors, dtype_tensors, direct, op_args, kwargs, off) -> 
     if "storage_offset" not in off and any(t.storage_offset() and t.is_contiguous() for t in tensors):
         return "storage-offset"
     if "nan_inf" not in off and not config.live("TORCH_RBLN_DEPLOY"):
-        if any(has_nonfinite(t) for t in tensors):
+        if any(has_nonfinite(t) for t in tensors) or _nonfinite_scalar(op_args, scalars):
             return "nan/inf input"
     if "reentrant" not in off and getattr(_tls, "depth", 0):
+        _log.warning("Unexpected CPU fallback: reentrant dispatch (already inside RBLN compile op)")
         return "reentrant"
-    return _perf_rules(entry, direct, op_args, kwargs)
+    return _perf_rules(entry, tensors, op_args, kwargs)
 
 
 def _perf_rules(entry, direct, op_args, kwargs) -> str | None:

@@ -1,8 +1,13 @@
 """The kernel every device-table op runs: checks -> program cache -> execute, or CPU fallback.
 
-Hot path per call: one ``dispatch`` event, the pre-dispatch checks, a cache key built from the
-arguments' metadata, a dict lookup, the program on device buffers, and the residency update of
-the output (the program's result becomes the output's device buffer when it covers it).
+Per call: one ``dispatch`` event, the pre-dispatch checks (``checks.py``), a cache key built
+from the arguments' metadata, a dict lookup (``warm_hit``) or a compile (``recompile``), the
+program on device buffers, and the result's residency: the program's output becomes the
+output tensor's device buffer, so nothing is copied.
+
+A failed check sends the op to the CPU (``cpu_fallback`` with its reason): through the host
+fast path for ops that have one (compute on the host views directly), else through the boxed
+CPU fallback.
 """
 
 from __future__ import annotations
@@ -12,75 +17,127 @@ import time
 import torch
 
 from .. import config, events
-from ..runtime import compiler
-from ..runtime.storage import DEVICE, buffer_of, new_tensor
-from . import checks, fallback
+from ..runtime import compiler, devices, lowering
+from ..runtime.storage import buffer_of, new_tensor, wrap_host
+from . import checks, factories, fallback
 from .copy import covers
 from .optable import OpEntry
 
 _record = events.record
 _perf_ns = time.perf_counter_ns
+_Tensor = torch.Tensor
+_lookup = compiler._cache.get
 
 
 def _sig(v, ids: dict):
     """Cache-key signature of one argument: tensor metadata, typed scalars, alias pattern."""
-    if isinstance(v, torch.Tensor):
+    if isinstance(v, _Tensor):
         first = ids.setdefault(id(v), len(ids))
-        return (v.shape, v.dtype, v.is_contiguous(), v.device.type == "rbln", first)
-    if isinstance(v, (bool, int, float)):
+        if v.device.type == "cpu" and v.dim() == 0:       # a scalar operand: baked in
+            return ("scalar", v.dtype, v.item(), first)
+        return (v.shape, v.dtype, v.is_contiguous(), first)
+    if v is None or isinstance(v, (bool, int, float, str)):
         return (type(v), v)
     if isinstance(v, (list, tuple)):
         return tuple(_sig(x, ids) for x in v)
-    return v if v is None or isinstance(v, (str, torch.dtype)) else repr(v)
+    return v if isinstance(v, (torch.dtype, torch.device)) else repr(v)
 
 
-def _host_fast_path(fn, args, kwargs, out, index):
-    """The host fast path of a fallback: compute on the host views directly."""
-    host_args = []
+def _host_args(args):
+    """Host views of the rbln arguments (a physical d2h for device-latest data)."""
+    out = []
     for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type == "rbln":
+        if isinstance(a, _Tensor) and a.device.type == "rbln":
             b = buffer_of(a)
             b.host_read()
             a = b.host_alias(a)
-        host_args.append(a)
-    result = fn(*host_args, **kwargs)
-    return _deliver_host(result, out, index)
+        out.append(a)
+    return out
+
+
+def _owns_dense(x: torch.Tensor) -> bool:
+    """``x`` spans exactly its own storage (dense, offset 0): it can become a buffer as is."""
+    return (x.storage_offset() == 0 and x.untyped_storage().nbytes() == x.numel() * x.element_size()
+            and (x.is_contiguous() or 0 not in x.stride()))
+
+
+def _wrap_result(x, index):
+    """A fresh CPU result (host memory) as an rbln tensor, host-latest, no copy."""
+    if isinstance(x, _Tensor):
+        if not _owns_dense(x):
+            x = x.clone(memory_format=torch.contiguous_format)
+        return wrap_host(x, index)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_wrap_result(v, index) for v in x)
+    return x
 
 
 def _deliver_host(result, out, index):
     if out is None:
-        from ..runtime.storage import wrap_host
-        if not result.is_contiguous() or result.storage_offset():
-            result = result.contiguous().clone() if result.storage_offset() else result.contiguous()
-        return wrap_host(result, index)
+        return _wrap_result(result, index)
     if out.shape != result.shape:
-        from .factories import resize_
-        resize_(out, result.shape)
+        factories.resize_(out, result.shape)
     ob = buffer_of(out)
     ob.host_write(whole=covers(out, ob))
     ob.host_alias(out).copy_(result)
     return out
 
 
-def make_kernel(entry: OpEntry):
+def _deliver_device(result, out, index: int):
+    """Make ``result`` (computed in device memory) the data of ``out`` or of a new rbln tensor."""
+    if out is None:
+        if isinstance(result, _Tensor):
+            if not _owns_dense(result):
+                result = result.clone(memory_format=torch.contiguous_format)
+            t = new_tensor(result.shape, result.stride(), result.dtype, index)
+            buffer_of(t).adopt_device(result)
+            return t
+        if isinstance(result, (list, tuple)):
+            return type(result)(_deliver_device(r, None, index) for r in result)
+        return result
+    if out.shape != result.shape:
+        factories.resize_(out, result.shape)
+    ob = buffer_of(out)
+    if (result.dtype == out.dtype and result.storage_offset() == 0 and result.is_contiguous()
+            and covers(out, ob) and result.untyped_storage().nbytes() == ob.nbytes):
+        ob.adopt_device(result)
+    else:
+        ob.device_write(whole=covers(out, ob))
+        ob.device_alias(out).copy_(result)
+    return out
+
+
+def _resolve(name: str) -> torch._ops.OpOverload:
+    packet, _, ov = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), ov or "default")
+
+
+def make_kernel(entry: OpEntry, registered_name: str):
+    """The PrivateUse1 kernel of ``registered_name`` (the entry's own overload or an alias)."""
     op_name = "aten::" + entry.name
-    packet, _, ov = entry.name.partition(".")
-    registered = getattr(getattr(torch.ops.aten, packet), ov or "default")
-    fpacket, _, fov = entry.fn.partition(".")
-    fn = getattr(getattr(torch.ops.aten, fpacket), fov or "default")
-    mode = entry.out
-    # name of the kwarg-only output (`out`, or `grad_input` for backward kernels)
+    registered = _resolve(registered_name)
+    fn = _resolve(entry.fn)
+    mode = entry.out if registered_name == entry.name else "functional"
+    # the kwarg-only output (`out`, or `grad_input` for backward kernels)
     out_name = next((a.name for a in registered._schema.arguments if a.kwarg_only and a.alias_info
                      and a.alias_info.is_write), "out")
+    custom = lowering.CUSTOM.get(entry.kernel)
+    body = custom if custom is not None else fn          # what the compiler lowers
+    kernel_form = entry.kernel
     skip = entry.skip_dtype
-    fast = entry.fast_path
+    operands = entry.operands or None
+    gate = GATES.get(entry.name)
+    fast = entry.fast_path or custom is not None         # custom programs run on host views too
+
+    def build(out_meta):
+        return lowering.build(kernel_form, fn, out_meta)
 
     def run_fallback(reason, args, kwargs, out, index):
         _record("cpu_fallback_reason", reason)
         t0 = _perf_ns()
         try:
             if fast:
-                res = _host_fast_path(fn, args, kwargs, out, index)
+                res = _deliver_host(body(*_host_args(args), **kwargs), out, index)
             else:
                 full = dict(kwargs)
                 if out is not None and mode == "out":
@@ -92,42 +149,54 @@ def make_kernel(entry: OpEntry):
 
     def kernel(*args, **kwargs):
         _record("dispatch", op_name)
-        out = kwargs.pop(out_name, None) if mode == "out" else None
-        if mode == "inplace":
+        if mode == "out":
+            out = kwargs.pop(out_name, None)
+        elif mode == "inplace":
             out = args[0]
-        tensors, dtype_tensors, index = [], [], None
+        else:
+            out = None
+        tensors, dtype_tensors, scalars = [], [], []
+        index = None
         empty = False
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                if a.device.type == "rbln":
-                    tensors.append(a)
-                    if index is None:
-                        index = a.device.index
-                elif a.dim() == 0:
-                    continue          # a CPU 0-dim tensor is a scalar operand
-                if i not in skip:
-                    dtype_tensors.append(a)
-                if a.numel() == 0:
-                    empty = True
+            if not isinstance(a, _Tensor) or (operands is not None and i not in operands):
+                continue
+            if a.device.type == "rbln":
+                tensors.append(a)
+                if index is None:
+                    index = a.device.index
+                elif a.device.index != index:
+                    raise devices.mixed_devices(index, a.device.index)
+            elif a.dim() == 0:
+                scalars.append(a)     # a wrapped Python scalar
+                continue
+            if i not in skip:
+                dtype_tensors.append(a)
+            if a.numel() == 0:
+                empty = True
         if index is None:
             index = out.device.index if out is not None else 0
         if empty:
             # empty tensors are handled on the host; nothing reaches the device
+            if custom is not None:
+                return _deliver_host(body(*_host_args(args), **kwargs), out, index)
             full = dict(kwargs)
             if out is not None and mode == "out":
                 full[out_name] = out
             return fallback.run_on_cpu(registered, args, full)
-        reason = checks.check(entry, tensors, dtype_tensors, tensors, args, kwargs)
+        reason = gate(args, kwargs) if gate is not None else None
+        if reason is None:
+            reason = checks.check(entry, tensors, dtype_tensors, scalars, args, kwargs)
         if reason is not None:
             return run_fallback(reason, args, kwargs, out, index)
 
         ids: dict = {}
-        key = (op_name, index, tuple(_sig(a, ids) for a in args),
-               tuple((k, _sig(v, ids)) for k, v in kwargs.items()) if kwargs else ())
-        prog = compiler.lookup(key)
+        key = (op_name, index, tuple([_sig(a, ids) for a in args]),
+               tuple([(k, _sig(v, ids)) for k, v in kwargs.items()]) if kwargs else ())
+        prog = _lookup(key)
         if prog is None:
             try:
-                prog = compiler.compile_op(op_name, fn, key, args, kwargs, lambda: fn)
+                prog = compiler.compile_op(op_name, body, key, args, kwargs, build)
             except compiler.CompileError:
                 if "compile_error" in config.live("TORCH_RBLN_DISABLE_FALLBACK"):
                     raise
@@ -137,51 +206,81 @@ def make_kernel(entry: OpEntry):
 
         dev_args = []
         for a in args:
-            if isinstance(a, torch.Tensor) and a.device.type == "rbln":
+            if isinstance(a, _Tensor) and a.device.type == "rbln":
                 b = buffer_of(a)
                 b.device_read()
                 a = b.device_alias(a)
             dev_args.append(a)
-        with checks.inside_program():
+        checks.enter_program()
+        try:
             result = prog.run(*dev_args, **kwargs)
+        finally:
+            checks.exit_program()
         return _deliver_device(result, out, index)
 
-    kernel.__name__ = f"rbln_{packet}_{ov or 'default'}"
+    kernel.__name__ = "rbln_" + registered_name.replace(".", "_")
     return kernel
 
 
-def _deliver_device(result: torch.Tensor, out, index: int):
-    """Make ``result`` (computed in device memory) the data of ``out`` or of a new rbln tensor."""
-    if not isinstance(result, torch.Tensor):
-        return result
-    if out is None:
-        t = new_tensor(tuple(result.shape), _contig(result.shape), result.dtype, index)
-        buf = buffer_of(t)
-        if not result.is_contiguous() or result.storage_offset():
-            result = result.contiguous().clone()
-        buf.adopt_device(result)
-        return t
-    if out.shape != result.shape:
-        from .factories import resize_
-        resize_(out, result.shape)
-    ob = buffer_of(out)
-    if (result.dtype == out.dtype and result.is_contiguous() and result.storage_offset() == 0
-            and covers(out, ob)):
-        ob.adopt_device(result)
-    else:
-        ob.device_write(whole=covers(out, ob))
-        ob.device_alias(out).copy_(result)
-    return out
+# -------------------------------------------------------------------------------------------
+# op-specific gates, evaluated before the generic checks (the reference's kernel-level checks)
+
+_SDPA_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _contig(shape) -> tuple:
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(stride))
+def sdpa_unsupported(q, k, v, attn_bias) -> str | None:
+    """Why the device attention kernel cannot take these inputs (``can_use_rbln_sdpa``)."""
+    if q.dim() < 3:
+        return "dim < 3 not supported"
+    if q.dim() > 4:
+        return "dim > 4 not supported"
+    if q.is_nested:
+        return "nested tensors not supported"
+    if q.dtype not in _SDPA_DTYPES:
+        return f"dtype {q.dtype} not supported"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return "q/k/v dtypes differ"
+    if q.shape[-3] % k.shape[-3] or k.shape[-3] != v.shape[-3]:
+        return "GQA head counts not divisible"
+    if q.numel() == 0 or k.numel() == 0:
+        return "empty input"
+    if attn_bias is not None and attn_bias.dim() not in (2, 3, 4):
+        return f"mask dim {attn_bias.dim()} not supported"
+    if q.shape[-1] % 32:
+        return f"head_dim {q.shape[-1]} not aligned to 32"
+    if q.shape[-2] % 32:
+        return f"query sequence length {q.shape[-2]} not aligned to 32"
+    if k.shape[-2] % 32:
+        return f"key sequence length {k.shape[-2]} not aligned to 32"
+    return None
+
+
+def _sdpa_gate(args, kwargs):
+    q, k, v = args[:3]
+    bias = args[3] if len(args) > 3 else kwargs.get("attn_bias")
+    dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+    if dropout and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, bias)):
+        raise NotImplementedError("RBLN SDPA does not support dropout_p > 0 with autograd")
+    why = sdpa_unsupported(q, k, v, bias)
+    return None if why is None else f"sdpa: {why}"
+
+
+def _sdpa_backward_gate(args, kwargs):
+    why = sdpa_unsupported(args[1], args[2], args[3], args[4])
+    return None if why is None else f"sdpa_backward: {why}"
+
+
+GATES = {
+    "_scaled_dot_product_fused_attention_overrideable": _sdpa_gate,
+    "_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward_gate,
+}
 
 
 def kernels() -> dict:
     from .optable import DEVICE_OPS
-    return {e.name: make_kernel(e) for e in DEVICE_OPS}
+    out = {}
+    for e in DEVICE_OPS:
+        for name in (e.name, *e.aliases):
+            out[name] = make_kernel(e, name)
+    return out

@@ -187,6 +187,32 @@ def boxed_fallback(op: torch._ops.OpOverload, *args, **kwargs):
     return run_on_cpu(op, args, kwargs)
 
 
+def host_kernels() -> dict:
+    """Kernels for the ops the op table routes to the host on purpose (``optable.HOST_OPS``):
+    the same CPU run as the boxed fallback, but registered explicitly, so they keep working
+    with ``TORCH_RBLN_DISABLE_FALLBACK=unsupported_op``."""
+    from .optable import HOST_OPS
+
+    def make(op):
+        name = op.name()
+
+        def kernel(*args, **kwargs):
+            _record("host_op", name)
+            return run_on_cpu(op, args, kwargs)
+        return kernel
+
+    out = {}
+    for n in HOST_OPS:
+        packet, _, ov = n.partition(".")
+        out[n] = make(getattr(getattr(torch.ops.aten, packet), ov or "default"))
+    # entry points whose CompositeExplicit kernel only raises for a non-CPU/CUDA backend: they
+    # must be registered to reach the catch-all's behaviour (unsupported_op applies)
+    for name in _HOST_TWIN:
+        op = getattr(torch.ops.aten, name.split("::")[1]).default
+        out[name.split("::")[1]] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(op)
+    return out
+
+
 def configure() -> None:
     """Read ``TORCH_RBLN_DISABLE_FALLBACK`` for the ``unsupported_op`` category (fixed at load)."""
     global _unsupported_disabled

@@ -1,23 +1,33 @@
 """The device op table: which aten overloads the virtual NPU runs, and under which rules.
 
-This is data. Adding a device op is one entry here (plus a lowering in
-``runtime/lowering.py`` when the op is not a plain call of its functional twin).
+This is data. Adding a device op is one entry here, plus a kernel in ``runtime/lowering.py``
+when the op is not computed by its functional aten twin.
 
 Fields of :class:`OpEntry`:
 
-* ``name``      aten overload registered on PrivateUse1 (reports name it ``aten::<name>``)
-* ``fn``        the functional aten overload the program computes (``out`` excluded)
-* ``align64``   the 64-alignment rule applies to directly passed tensors
+* ``name``       aten overload registered on PrivateUse1; reports name it ``aten::<name>``
+* ``fn``         the functional aten overload the program computes (``out`` excluded)
+* ``out``        how the result reaches the caller: ``"out"`` (an ``out=`` tensor),
+  ``"inplace"`` (argument 0 is written), ``"functional"`` (new tensors are returned)
+* ``aliases``    more overloads routed to this entry (functional forms such as ``add.Tensor``:
+  PyTorch would reach ``add.out`` through a generic wrapper after allocating ``out``; serving
+  the functional form directly skips that second trip through the dispatcher, and the op is
+  still reported under ``name``)
+* ``align64``    the 64-alignment rule applies to directly passed tensors
 * ``skip_dtype`` positional indices excluded from the dtype check (``where``'s condition)
-* ``fast_path`` the host runs this op through a CPU fast-path handler when it falls back
-  (explain lists fallback ops *without* one as optimization candidates)
-* ``out``       how the result reaches the caller: ``"out"`` (an ``out=`` tensor), ``"inplace"``
-  (argument 0 is written), ``"functional"`` (a new tensor is returned)
+* ``fast_path``  a fallback of this op runs through a host fast-path handler (explain lists
+  fallback ops *without* one as optimization candidates)
+* ``kernel``     the executor form (``runtime/lowering.py``): ``"direct"`` (the functional op on
+  device memory; its CPU kernel already accumulates in fp32 and rounds once), ``"fp32"``
+  (inputs widened to fp32, one rounding at the end), or the name of a custom kernel
+* ``operands``   positional indices the checks look at (empty: every tensor argument)
+* ``autograd``   an AutogradPrivateUse1 kernel for a CompositeImplicit op (``"linear"``: a
+  Function whose backward is ``aten::linear_backward``), so autograd records it
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -25,63 +35,110 @@ class OpEntry:
     name: str
     fn: str
     out: str = "out"
+    aliases: tuple = ()
     align64: bool = True
     skip_dtype: tuple = ()
     fast_path: bool = False
-    bool_out: bool = False
+    kernel: str = "direct"
+    operands: tuple = ()
+    autograd: str = ""
     notes: str = ""
-    extra: dict = field(default_factory=dict)
 
 
-def _binary(n, fn=None, **kw):
-    return OpEntry(f"{n}.out", fn or f"{n}.Tensor", **kw)
+def _binary(n, **kw):
+    return OpEntry(f"{n}.out", f"{n}.Tensor", aliases=(f"{n}.Tensor",), **kw)
+
+
+def _unary(n, **kw):
+    return OpEntry(f"{n}.out", f"{n}.default", aliases=(n,), **kw)
+
+
+def _compare(c, k):
+    return OpEntry(f"{c}.{k}_out", f"{c}.{k}", aliases=(f"{c}.{k}",),
+                   notes="bool output")
 
 
 DEVICE_OPS: tuple[OpEntry, ...] = (
     # elementwise binary (broadcasting); `alpha` and scalar operands are baked into the program
     _binary("add"), _binary("sub"), _binary("mul", fast_path=True), _binary("div"),
-    OpEntry("div.out_mode", "div.Tensor_mode", notes="fp16 with rounding_mode trunc/floor -> CPU"),
-    OpEntry("maximum.out", "maximum.default"), OpEntry("minimum.out", "minimum.default"),
-    OpEntry("pow.Tensor_Scalar_out", "pow.Tensor_Scalar", fast_path=True),
+    OpEntry("div.out_mode", "div.Tensor_mode", aliases=("div.Tensor_mode",),
+            notes="fp16/bf16 with rounding_mode trunc/floor -> CPU"),
+    OpEntry("maximum.out", "maximum.default", aliases=("maximum",)),
+    OpEntry("minimum.out", "minimum.default", aliases=("minimum",)),
+    OpEntry("pow.Tensor_Scalar_out", "pow.Tensor_Scalar", aliases=("pow.Tensor_Scalar",),
+            fast_path=True, notes="integer and +-0.5 exponents; others: compile_error"),
     # unary
-    OpEntry("abs.out", "abs.default"), OpEntry("neg.out", "neg.default"),
-    OpEntry("rsqrt.out", "rsqrt.default", fast_path=True), OpEntry("log.out", "log.default"),
-    OpEntry("ceil.out", "ceil.default"), OpEntry("floor.out", "floor.default"),
-    OpEntry("silu.out", "silu.default"), OpEntry("sigmoid.out", "sigmoid.default"),
-    OpEntry("clamp.out", "clamp.default", notes="scalar bounds only"),
-    OpEntry("logical_not.out", "logical_not.default", bool_out=True),
+    _unary("abs"), _unary("neg"), _unary("rsqrt", fast_path=True), _unary("log"),
+    _unary("ceil"), _unary("floor"), _unary("silu"), _unary("sigmoid"),
+    OpEntry("clamp.out", "clamp.default", aliases=("clamp",),
+            notes="scalar bounds only (clamp.Tensor_out runs on the host)"),
+    _unary("logical_not", notes="bool output"),
     # comparisons (bool outputs)
-    *(OpEntry(f"{c}.{k}_out", f"{c}.{k}", bool_out=True)
-      for c in ("eq", "ne", "gt", "ge", "lt", "le") for k in ("Tensor", "Scalar")),
+    *(_compare(c, k) for c in ("eq", "ne", "gt", "ge", "lt", "le") for k in ("Tensor", "Scalar")),
     # reductions
-    OpEntry("mean.out", "mean.dim", fast_path=True),
+    OpEntry("mean.out", "mean.dim", aliases=("mean.dim",), fast_path=True),
     OpEntry("max.unary_out", "max.default"), OpEntry("min.unary_out", "min.default"),
-    OpEntry("max", "max.default", out="functional"), OpEntry("min", "min.default", out="functional"),
-    # matrix
-    OpEntry("mm.out", "mm.default"), OpEntry("bmm.out", "bmm.default"),
-    OpEntry("addmm.out", "addmm.default"),
-    OpEntry("linear", "linear.default", out="functional"),
+    OpEntry("max", "max.default", out="functional"),
+    OpEntry("min", "min.default", out="functional"),
+    # matrix units
+    OpEntry("mm.out", "mm.default", aliases=("mm",)),
+    OpEntry("bmm.out", "bmm.default", aliases=("bmm",)),
+    OpEntry("addmm.out", "addmm.default", aliases=("addmm",)),
+    OpEntry("linear", "linear.default", out="functional", autograd="linear",
+            notes="under autograd: a Function whose backward is aten::linear_backward"),
     # softmax and selection
-    OpEntry("_softmax.out", "_softmax.default"),
+    OpEntry("_softmax.out", "_softmax.default", aliases=("_softmax",)),
     OpEntry("where.self_out", "where.self", skip_dtype=(0,)),
     OpEntry("where.self", "where.self", out="functional", skip_dtype=(0,)),
     OpEntry("masked_fill_.Scalar", "masked_fill.Scalar", out="inplace", skip_dtype=(1,)),
     OpEntry("masked_fill_.Tensor", "masked_fill.Tensor", out="inplace", skip_dtype=(1,)),
+    # attention (4-D q/k/v; `_fused_sdp_choice` routes everything else to the math path)
+    OpEntry("_scaled_dot_product_fused_attention_overrideable",
+            "_scaled_dot_product_fused_attention_overrideable.default", out="functional",
+            kernel="sdpa", align64=False, operands=(0, 1, 2, 3), skip_dtype=(3,),
+            notes="head_dim, L and S multiples of 32, else CPU in fp32"),
     # backward kernels
-    OpEntry("silu_backward.grad_input", "silu_backward.default"),
-    OpEntry("_softmax_backward_data.out", "_softmax_backward_data.default"),
+    OpEntry("silu_backward.grad_input", "silu_backward.default",
+            aliases=("silu_backward",)),
+    OpEntry("_softmax_backward_data.out", "_softmax_backward_data.default",
+            aliases=("_softmax_backward_data",)),
+    OpEntry("linear_backward", "linear_backward.default", out="functional",
+            kernel="linear_backward"),
+    OpEntry("_scaled_dot_product_fused_attention_overrideable_backward",
+            "_scaled_dot_product_fused_attention_overrideable_backward.default",
+            out="functional", kernel="sdpa_backward", align64=False,
+            operands=(0, 1, 2, 3, 4, 6), skip_dtype=(4,)),
 )
 
 BY_NAME = {e.name: e for e in DEVICE_OPS}
 
-# Ops the reference deliberately runs on the host (they reach the boxed CPU fallback, logged).
+# Data-movement ops the device's copy engine runs natively (``dispatch/native.py``): no
+# compile, no pre-dispatch checks, any dtype; they run where their data is.
+NATIVE_OPS = (
+    "cat.out", "cat", "index_select.out", "index_select", "index_copy.out", "index_copy_",
+    "repeat_interleave.Tensor", "arange.start_out", "clone", "fill_.Scalar", "fill_.Tensor",
+    "zero_",
+)
+
+# Ops registered explicitly to the CPU fallback (the reference's list): they run on the host
+# even with ``TORCH_RBLN_DISABLE_FALLBACK=unsupported_op`` and are logged and counted as
+# ``host_op``. Every other op without a device kernel reaches the same fallback through the
+# boxed catch-all (which ``unsupported_op`` turns into an error). ``cos``/``sin``/``exp`` are
+# left to the catch-all: the tutorial shows ``torch.sin`` failing under ``unsupported_op``.
 HOST_OPS = (
-    "max.dim_max", "min.dim_min", "sum.IntList_out", "argmax.out", "topk.values", "all.all_out",
-    "all.out", "any.all_out", "any.out", "count_nonzero.dim_IntList", "flip", "cumsum.out",
-    "clamp.Tensor_out", "trunc.out", "equal", "native_dropout", "normal_", "uniform_",
-    "random_.from", "randperm.generator_out", "masked_select", "masked_scatter_",
-    "_index_put_impl_", "index_add.out", "gather.out", "scatter.src_out", "nonzero",
-    "cos.out", "sin.out", "exp.out", "sign.out", "pow.Tensor_Tensor_out", "pow.Scalar_out",
-    "addcmul.out", "isnan", "tril.out", "triu.out", "relu", "native_batch_norm",
-    "sigmoid_backward.grad_input", "tanh_backward.grad_input",
+    "max.dim_max", "min.dim_min", "flip", "cumsum.out", "sum.IntList_out",
+    "clamp.Tensor_out", "trunc.out", "equal", "_efficientzerotensor", "native_dropout",
+    "normal_", "normal.Tensor_Tensor", "normal.Tensor_float", "uniform_", "random_.from",
+    "randperm.generator_out", "masked_select", "masked_select.out", "masked_scatter_",
+    "_index_put_impl_", "index_add.out", "index_fill_.int_Scalar", "gather.out",
+    "scatter.src_out", "put_", "nonzero",
+    *(f"bitwise_{b}.{k}" for b in ("and", "or", "xor") for k in ("Scalar_out", "Tensor_out")),
+    "bitwise_not.out", "logical_and.out", "logical_or.out", "logical_xor.out",
+    "all.all_out", "all.out", "any.all_out", "any.out", "argmax.out", "topk.values",
+    "count_nonzero.dim_IntList", "fmod.Tensor_out", "sgn.out",
+    "sign.out", "signbit.out", "pow.Tensor_Tensor_out", "pow.Scalar_out",
+    "linalg_vector_norm.out", "_linalg_svd.U", "addcmul.out", "isnan", "isposinf.out",
+    "isneginf.out", "nan_to_num.out", "isin.Tensor_Tensor_out", "tril.out", "triu.out", "relu",
+    "native_batch_norm", "logit_backward.grad_input", "sigmoid_backward.grad_input",
+    "tanh_backward.grad_input", "unfold_backward", "native_dropout_backward",
 )

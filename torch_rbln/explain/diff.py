@@ -6,6 +6,8 @@ first call and a later one) and the diff shows what went away and what persisted
 
 from __future__ import annotations
 
+import copy
+
 from . import fmt
 
 MAX_PERSIST = 8
@@ -93,7 +95,6 @@ class RBLNDiff:
         self._dump = compare(a.dump(), b.dump())
 
     def dump(self) -> dict:
-        import copy
         return copy.deepcopy(self._dump)
 
     def report(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def count(n: int) -> str:
     return f"{n:,}"
@@ -34,8 +36,13 @@ def short_duration(ns: int) -> str:
 
 
 def short_path(path: str) -> str:
-    """Cut a path of three or more components to ``.../<parent>/<file>`` (a leading ``/`` is
-    kept), so call sites stay readable; dump() keeps the raw path."""
+    """A call-site path as the report shows it (dump() keeps the raw path): relative to the
+    working directory when it lies below it, else cut to ``.../<parent>/<file>`` once it has
+    three or more components (a leading ``/`` is kept)."""
+    if path.startswith("/"):
+        cwd = os.getcwd() + os.sep
+        if path.startswith(cwd):
+            path = path[len(cwd):]
     lead = "/" if path.startswith("/") else ""
     parts = [p for p in path.split("/") if p]
     if len(parts) < 3:

@@ -37,7 +37,7 @@ def _is_library(filename: str) -> bool:
     return path.startswith(_STDLIB) and "-packages" + os.sep not in path
 
 
-_seen_files: dict[str, bool] = {}
+_is_library_cache: dict[str, bool] = {}
 
 
 def call_site(depth: int = DEPTH) -> str | None:
@@ -47,9 +47,9 @@ def call_site(depth: int = DEPTH) -> str | None:
     while f is not None and len(frames) < depth:
         code = f.f_code
         fn = code.co_filename
-        lib = _seen_files.get(fn)
+        lib = _is_library_cache.get(fn)
         if lib is None:
-            lib = _seen_files[fn] = _is_library(fn)
+            lib = _is_library_cache[fn] = _is_library(fn)
         if not lib:
             frames.append(f"{fn}:{f.f_lineno}({code.co_name})")
         f = f.f_back

@@ -28,10 +28,12 @@ from ..dispatch.optable import DEVICE_OPS, OpEntry
 NO_KERNEL = "no-device-kernel"
 
 aten = torch.ops.aten
-# data movement the device and the host both do without a kernel of the op table
+# data movement and allocation: the device and the host both do it without an op-table kernel
 _FREE_OPS = frozenset({
     aten.clone.default, aten._to_copy.default, aten.copy.default, aten.detach.default,
-    aten.lift_fresh_copy.default, aten.contiguous.default,
+    aten.lift_fresh_copy.default, aten.empty_like.default, aten.zeros_like.default,
+    aten.ones_like.default, aten.full_like.default, aten.new_empty.default,
+    aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.fill.Scalar,
 })
 
 
@@ -53,6 +55,10 @@ def _entries_by_fn() -> dict:
         fn = getattr(getattr(aten, packet), ov or "default")
         if fn not in table or e.name == e.fn:
             table[fn] = e
+        if ov == "Tensor" and hasattr(getattr(aten, packet), "Scalar"):
+            # traced graphs keep Python scalars as `.Scalar` overloads; eager wraps them into
+            # 0-dim tensors and reaches the same kernel
+            table.setdefault(getattr(aten, packet).Scalar, e)
     return table
 
 

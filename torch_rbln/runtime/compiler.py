@@ -1,13 +1,19 @@
 """The virtual NPU compiler and its in-process program cache.
 
-Compiling one op instance means: lower the op to the NPU's primitive set (PyTorch's core-aten
-decompositions, traced on meta tensors), reject it if a primitive is missing
-(``CompileError``, the ``compile_error`` fallback category), and build a :class:`Program`
-specialised to the cache key: the device, each tensor's shape/dtype/layout, typed scalar
-arguments (``1``, ``1.0`` and ``True`` differ) and the aliasing pattern of the arguments.
+Compiling one op instance means:
 
-A program executes on device buffers with NPU numerics: fp16/bf16 storage, fp32 accumulation
-inside the kernel, rounding to the output dtype at the op boundary.
+1. *lower* it: run the op on host stand-ins of its arguments under a recording dispatch mode that replaces every
+   op outside the NPU's primitive set by its PyTorch decomposition (recursively), so what is
+   recorded is the primitive sequence the NPU would execute;
+2. *check* each primitive against :data:`NPU_PRIMITIVES` and its constraints; a miss raises
+   :class:`CompileError` (the ``compile_error`` fallback category);
+3. *build* a :class:`Program` specialised to the cache key (see ``dispatch/device_op.py``): the
+   output's shape, dtype and strides are fixed from the meta trace, scalars are baked in, and
+   the executor (``runtime/lowering.py``) picks the kernel form for that key.
+
+The cache lives in the process only. ``torch.rbln.empty_cache()`` and ``torch._dynamo.reset()``
+drop it (:func:`install_dynamo_reset_hook` wraps the latter lazily, so ``import torch`` does not
+import Dynamo).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import threading
 import time
 
 import torch
+from torch._decomp import decomposition_table
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import events
 
@@ -26,29 +34,44 @@ class CompileError(RuntimeError):
     """The NPU compiler cannot build a program for this op instance."""
 
 
-# Core aten primitives the virtual NPU executes natively.
+# Primitives the virtual NPU executes natively (aten packet names).
 NPU_PRIMITIVES = frozenset({
+    # elementwise
     "add", "sub", "mul", "div", "neg", "abs", "rsqrt", "sqrt", "log", "exp", "ceil", "floor",
-    "pow", "sigmoid", "maximum", "minimum", "clamp", "where", "eq", "ne", "gt", "ge", "lt", "le",
-    "logical_not", "mean", "sum", "amax", "amin", "max", "min", "mm", "bmm", "addmm",
-    "expand", "view", "reshape", "permute", "t", "transpose", "unsqueeze", "squeeze", "clone",
-    "_to_copy", "convert_element_type", "full", "scalar_tensor", "masked_fill", "_softmax",
-    "_softmax_backward_data", "silu", "silu_backward", "linear", "alias", "fill", "copy",
-    "empty", "empty_strided", "slice", "select", "cat", "tanh", "reciprocal", "mul_", "add_",
-    "sym_size", "lift_fresh", "detach", "_unsafe_view", "as_strided", "max_dim", "min_dim",
+    "pow", "sigmoid", "silu", "tanh", "reciprocal", "maximum", "minimum", "clamp", "where",
+    "eq", "ne", "gt", "ge", "lt", "le", "logical_not", "masked_fill", "fill", "full",
+    "scalar_tensor", "_to_copy", "copy", "clone", "lift_fresh", "alias", "detach",
+    # reductions and matrix units
+    "mean", "sum", "amax", "amin", "max", "min", "mm", "bmm", "addmm", "_softmax",
+    "_softmax_backward_data", "silu_backward", "linear", "logsumexp",
+    # data movement (the copy engine)
+    "cat", "index_select", "index_copy", "repeat_interleave", "arange", "zero", "zeros",
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "zeros_like",
+    "full_like",
+    # layout (free: fused into the program's addressing)
+    "expand", "view", "reshape", "permute", "t", "transpose", "unsqueeze", "squeeze", "slice",
+    "select", "_unsafe_view", "as_strided", "sym_size", "split", "split_with_sizes", "unbind",
+    "narrow", "contiguous", "flatten", "_reshape_alias",
 })
+
+# exponents `pow.Tensor_Scalar` lowers to (mul chains, sqrt, rsqrt); others do not compile
+_POW_EXPONENTS = frozenset({-2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 3.0, 4.0})
 
 
 class Program:
-    """A compiled op instance: ``run(*device_args)`` computes on CPU tensors over device
-    buffers and returns the result (a fresh tensor, or the ``out`` it was given)."""
+    """A compiled op instance.
 
-    __slots__ = ("op", "key", "primitives", "run", "compile_ns")
+    ``run(*device_args, **kwargs)`` computes on CPU tensors over device buffers with NPU
+    numerics and returns the result; ``out_meta`` describes that result (shape, dtype, stride
+    per output) as the trace fixed it."""
 
-    def __init__(self, op: str, key, primitives: tuple, run, compile_ns: int):
+    __slots__ = ("op", "key", "primitives", "out_meta", "run", "compile_ns")
+
+    def __init__(self, op: str, key, primitives: tuple, out_meta, run, compile_ns: int = 0):
         self.op = op
         self.key = key
         self.primitives = primitives
+        self.out_meta = out_meta
         self.run = run
         self.compile_ns = compile_ns
 
@@ -73,53 +96,191 @@ def cache_size() -> int:
     return len(_cache)
 
 
-class _PrimRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+# -------------------------------------------------------------------------------------------
+# lowering
+
+class _Lowering(TorchDispatchMode):
+    """Records the primitive sequence of whatever runs under it, decomposing non-primitives."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # PyTorch would wrap __torch_dispatch__ in torch._disable_dynamo, whose first call
+        # imports Dynamo (seconds); a compile runs inside an eager kernel, never under Dynamo
+        return False
+
     def __init__(self):
         super().__init__()
-        self.prims = []
+        self.prims: list[str] = []
+        self.missing: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.prims.append(func.__name__.split(".")[0] if hasattr(func, "__name__") else str(func))
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        name = func._opname
+        if name in NPU_PRIMITIVES:
+            self.prims.append(name)
+            if name == "pow":
+                _check_pow(args)
+            if name in _MATRIX_UNIT and "out" not in kwargs:
+                a = args[1] if name == "addmm" else args[0]
+                return torch.empty(_matmul_shape(name, args), dtype=a.dtype)
+            return func(*args, **kwargs)
+        decomp = decomposition_table.get(func)
+        if decomp is not None:
+            with self:
+                return decomp(*args, **kwargs)
+        if _is_composite(func):
+            # reached here when dispatch runs below autograd (inside a kernel)
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        self.missing.append(func.__name__)
+        return func(*args, **kwargs)
 
 
-def _meta(x):
+_COMPOSITE: dict = {}
+
+
+def _is_composite(func) -> bool:
+    c = _COMPOSITE.get(func)
+    if c is None:
+        c = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd")
+    return c
+
+
+def _check_pow(args) -> None:
+    exp = args[1] if len(args) > 1 else None
+    if isinstance(exp, (int, float)) and float(exp) not in _POW_EXPONENTS:
+        raise CompileError(f"pow with exponent {exp!r} has no NPU lowering "
+                           f"(supported: {sorted(_POW_EXPONENTS)})")
+
+
+def _sample(x):
+    """A host stand-in for one argument, to trace the lowering on.
+
+    Meta tensors would be the natural choice, but PyTorch's meta kernels for elementwise ops
+    are Python references whose first call imports Dynamo (seconds). Uninitialised host
+    tensors run the C++ kernels instead; integer and bool tensors are zeros so that index
+    operands stay in range; matrix-unit primitives are not computed at all (see below)."""
     if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta")
+        if x.device.type == "cpu" and x.dim() == 0:
+            return x                      # a wrapped Python scalar stays a CPU scalar
+        if x.is_floating_point() or x.is_complex():
+            return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+        return torch.zeros(x.size(), dtype=x.dtype)
     if isinstance(x, (list, tuple)):
-        return type(x)(_meta(v) for v in x)
+        return type(x)(_sample(v) for v in x)
+    if isinstance(x, torch.device) and x.type != "cpu":
+        return torch.device("cpu")
     return x
 
 
-def lower(fn: torch._ops.OpOverload, args, kwargs) -> tuple:
-    """The primitive ops ``fn`` lowers to, traced on meta tensors through the core-aten
-    decompositions. Raises :class:`CompileError` if one is outside the NPU's set."""
-    from torch._decomp import core_aten_decompositions
-    decomp = core_aten_decompositions().get(fn)
-    margs, mkwargs = _meta(args), {k: _meta(v) for k, v in kwargs.items()}
-    rec = _PrimRecorder()
+def _matmul_shape(name, args):
+    """Output shape of a matrix-unit primitive (traced without computing it)."""
+    if name == "mm":
+        return (args[0].shape[0], args[1].shape[1])
+    if name == "bmm":
+        return (args[0].shape[0], args[0].shape[1], args[1].shape[2])
+    return (args[1].shape[0], args[2].shape[1])        # addmm(bias, a, b)
+
+
+_MATRIX_UNIT = frozenset({"mm", "bmm", "addmm"})
+
+
+def _describe(x):
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype, tuple(x.stride()))
+    if isinstance(x, (list, tuple)):
+        return tuple(_describe(v) for v in x)
+    return None
+
+
+def lower(fn, args, kwargs) -> tuple[tuple, object]:
+    """The primitives ``fn(*args, **kwargs)`` lowers to and the meta of its result. ``fn`` is
+    an aten overload or the body of a custom program.
+
+    Raises :class:`CompileError` if the op cannot be traced or a primitive is outside the
+    NPU's set."""
+    margs = _sample(args)
+    mkwargs = {k: _sample(v) for k, v in kwargs.items()} if kwargs else {}
+    mode = _Lowering()
+    name = fn.name() if isinstance(fn, torch._ops.OpOverload) else fn.__name__
     try:
-        with rec:
+        with mode:
+            decomp = None
+            if isinstance(fn, torch._ops.OpOverload) and fn._opname not in NPU_PRIMITIVES:
+                decomp = decomposition_table.get(fn)
             if decomp is not None:
-                decomp(*margs, **mkwargs)
+                out = decomp(*margs, **mkwargs)
             else:
-                fn(*margs, **mkwargs)
+                out = fn(*margs, **mkwargs)
+    except CompileError:
+        raise
     except Exception as e:  # a lowering that cannot even be traced is a compile error
-        raise CompileError(f"cannot lower {fn.name()}: {type(e).__name__}: {e}") from e
-    prims = tuple(dict.fromkeys(rec.prims))
-    missing = [p for p in prims if p not in NPU_PRIMITIVES]
-    if missing:
-        raise CompileError(f"{fn.name()} lowers to {missing}, which the NPU does not implement")
-    return prims
+        raise CompileError(f"cannot lower {name}: {type(e).__name__}: {e}") from e
+    if mode.missing:
+        raise CompileError(f"{name} lowers to {sorted(set(mode.missing))}, which the NPU "
+                           f"does not implement")
+    return tuple(dict.fromkeys(mode.prims)), _describe(out)
 
 
-def compile_op(op_name: str, fn: torch._ops.OpOverload, key, args, kwargs, make_run) -> Program:
-    """Build (and cache under ``key``) the program for one op instance."""
+def compile_op(op_name: str, body, key, args, kwargs, build) -> Program:
+    """Compile (and cache under ``key``) one op instance whose computation is ``body`` (an aten
+    overload or a custom program body); ``build(out_meta)`` returns the run callable
+    specialised to it. Records a ``recompile`` event."""
     t0 = time.perf_counter_ns()
-    prims = lower(fn, args, kwargs)
-    prog = Program(op_name, key, prims, make_run(), 0)
+    prims, out_meta = lower(body, args, kwargs)
+    prog = Program(op_name, key, prims, out_meta, build(out_meta))
     prog.compile_ns = time.perf_counter_ns() - t0
     with _lock:
         _cache[key] = prog
     _record("recompile", op_name, prog.compile_ns)
     return prog
+
+
+# -------------------------------------------------------------------------------------------
+# torch._dynamo.reset() also drops the program cache
+
+def install_dynamo_reset_hook() -> None:
+    """Wrap ``torch._dynamo.reset`` once Dynamo is imported, without importing it now."""
+    import sys
+    mod = sys.modules.get("torch._dynamo")
+    if mod is not None:
+        _wrap_reset(mod)
+        return
+    import importlib.abc
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch._dynamo":
+                # let the normal import run, then patch the module when it finishes loading
+                sys.meta_path.remove(self)
+                import importlib.util
+                spec = importlib.util.find_spec(name)
+                if spec is not None and spec.loader is not None:
+                    exec_module = spec.loader.exec_module
+
+                    def _exec(module):
+                        exec_module(module)
+                        _wrap_reset(module)
+                    spec.loader.exec_module = _exec
+                return spec
+            return None
+
+    sys.meta_path.insert(0, _Finder())
+
+
+def _wrap_reset(mod) -> None:
+    orig = getattr(mod, "reset", None)
+    if orig is None or getattr(orig, "_rbln_wrapped", False):
+        return
+
+    def reset(*args, **kwargs):
+        clear_cache()
+        return orig(*args, **kwargs)
+
+    reset._rbln_wrapped = True
+    reset.__wrapped__ = orig
+    reset.__doc__ = orig.__doc__
+    mod.reset = reset

@@ -31,6 +31,11 @@ NPU_MODELS = {
 }
 DEFAULT_MODEL = (16 << 30, 1)
 
+# The runtime's ABI window (the analogue of librbln.so's rbln_abi_min_supported() /
+# rbln_abi_current()): the backend's torch_rbln.abi.BUILT_ABI must fall inside it.
+RUNTIME_ABI_MIN_SUPPORTED = 1
+RUNTIME_ABI_CURRENT = 1
+
 
 class DeviceConfigError(RuntimeError):
     """The RBLN_* device configuration cannot be mapped onto this host."""
@@ -66,6 +71,10 @@ def host() -> Host:
     if _host is None:
         with _lock:
             if _host is None:
+                if config.parse("RBLN_DUMMY_DEVICE"):
+                    warnings.warn("RBLN_DUMMY_DEVICE is set: the virtual NPU runs on any machine, "
+                                  "so it does not emulate the host-backed dummy device; devices "
+                                  "execute programs as usual", stacklevel=3)
                 name = config.parse("RBLN_FORCE_NPU_NAME")
                 mem, chiplets = NPU_MODELS.get(name, DEFAULT_MODEL)
                 override = config.parse("TORCH_RBLN_DEVICE_MEMORY")
@@ -196,6 +205,12 @@ def claim(index: int) -> int:
     return index
 
 
+def mixed_devices(first: int, other: int) -> RuntimeError:
+    """PyTorch's own error for an op whose tensor operands sit on two devices."""
+    return RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                        f"devices, rbln:{first} and rbln:{other}!")
+
+
 def arena(index: int):
     a = _arenas.get(index)
     if a is not None:
@@ -213,6 +228,28 @@ def arena(index: int):
 
 def arenas() -> dict:
     return _arenas
+
+
+def summary_text(p: Plan) -> str:
+    """The reference's topology table; columns stretch to fit, Status never narrower than
+    "Active (Aggregated)"."""
+    rows = [(f"rbln:{i}", "[ " + ", ".join(map(str, g)) + " ]",
+             "Active (Aggregated)" if len(g) > 1 else "Active") for i, g in enumerate(p.groups)]
+    if p.unused:
+        rows.append(("-", "[ " + ", ".join(map(str, p.unused)) + " ]", "Unused"))
+    head = ("Logical Device", "Physical NPU IDs", "Status")
+    w = [max(len(head[c]), *(len(r[c]) for r in rows)) if rows else len(head[c]) for c in range(3)]
+    w[2] = max(w[2], len("Active (Aggregated)"))
+    sep = "+" + "+".join("-" * (x + 2) for x in w) + "+"
+
+    def line(r):
+        return "|" + "|".join(f" {r[c]:<{w[c]}} " for c in range(3)) + "|"
+
+    out = ["[RBLN] Device Topology Initialized:", sep, line(head), sep, *map(line, rows), sep]
+    if p.unused:
+        out.append(f"[Warning] {len(p.unused)} physical NPU(s) are unused due to grouping "
+                   "constraints.")
+    return "\n".join(out)
 
 
 # current device (per thread, like torch.cuda)

@@ -83,7 +83,7 @@ host_pool = HostPool()
 
 class Buffer:
     __slots__ = ("index", "nbytes", "host", "block", "state", "pooled", "_hflat", "_dflat",
-                 "__weakref__")
+                 "scanned", "__weakref__")
 
     def __init__(self, index: int, host: torch.Tensor, nbytes: int, pooled: bool):
         self.index = index
@@ -94,6 +94,7 @@ class Buffer:
         self.pooled = pooled
         self._hflat = {}            # dtype -> flat CPU tensor over the host memory
         self._dflat = {}            # dtype -> flat CPU tensor over the device block
+        self.scanned = None         # dtype the NaN/Inf scan found all finite (until a write)
 
     def __del__(self):
         try:
@@ -133,6 +134,7 @@ class Buffer:
             self.state = SYNCED
 
     def host_write(self, whole: bool = False) -> None:
+        self.scanned = None
         if self.state == DEVICE and not whole:
             self._pull()
         self.state = HOST
@@ -145,6 +147,7 @@ class Buffer:
             self._ensure_block()
 
     def device_write(self, whole: bool = False) -> None:
+        self.scanned = None
         if self.state == HOST and not whole:
             self._push()
         else:
@@ -160,6 +163,7 @@ class Buffer:
         b.mem = mem
         self._dflat.clear()
         self.state = DEVICE
+        self.scanned = None
 
     # CPU tensors over either side ----------------------------------------------------------
     @staticmethod

@@ -1,0 +1,176 @@
+"""PyTorch's OpInfo database run on rbln against the CPU.
+
+For every OpInfo and each of float16, bfloat16 and float32, the first samples the CPU can run
+are run again on rbln tensors (device ops, native copies or the CPU fallback, whatever the
+dispatcher picks) and the results compared with the CPU's. Default: ``SAMPLES`` samples per
+(op, dtype); ``--runslow`` (or ``TORCH_RBLN_RUNSLOW=1``): every sample.
+
+A mismatch fails unless ``opinfo_known_failures.KNOWN`` lists it with a reason. Each sample runs
+under a time limit, so a hang fails that test instead of the run. At the end of the session
+the pass rate per dtype is printed (and written to ``$TORCH_RBLN_OPINFO_REPORT`` if set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import defaultdict
+
+import pytest
+import torch
+
+from opinfo_known_failures import KNOWN, RANDOM_OPS
+
+SAMPLES = 2
+SAMPLE_TIMEOUT_S = 30
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# outcome counters per dtype: samples the CPU ran, matched, known failures, new failures
+STATS: dict = defaultdict(lambda: defaultdict(int))
+
+
+def _op_db():
+    from torch.testing._internal.common_methods_invocations import op_db
+    return op_db
+
+
+def _ops():
+    seen = set()
+    for op in _op_db():
+        name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+        if name in seen:
+            continue
+        seen.add(name)
+        yield name, op
+
+
+def _params():
+    out = []
+    for name, op in _ops():
+        for dtype in DTYPES:
+            if op.supports_dtype(dtype, "cpu"):
+                out.append(pytest.param(op, dtype, id=f"{name}-{str(dtype)[6:]}"))
+    return out
+
+
+def _to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, device) for v in x) if not hasattr(x, "_fields") else \
+            type(x)(*(_to(v, device) for v in x))
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    if isinstance(x, torch.device) and x.type == "cpu":
+        return torch.device("rbln")
+    if isinstance(x, str) and x == "cpu":
+        return "rbln"
+    return x
+
+
+def _cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return [_cpu(v) for v in x]
+    return x
+
+
+def _tolerance(dtype):
+    # rbln programs round once per op boundary, like the CPU kernels they mirror; composite
+    # ops may be decomposed differently (fp32 inside), hence a few ulps of slack
+    return {torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2),
+            torch.float32: (1e-4, 1e-4)}[dtype]
+
+
+def _compare(actual, expected, dtype, metadata_only: bool):
+    actual, expected = _cpu(actual), _cpu(expected)
+    if metadata_only:
+        flat_a = actual if isinstance(actual, list) else [actual]
+        flat_e = expected if isinstance(expected, list) else [expected]
+        for a, e in zip(flat_a, flat_e):
+            if isinstance(e, torch.Tensor):
+                assert a.shape == e.shape and a.dtype == e.dtype
+        return
+    atol, rtol = _tolerance(dtype)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True,
+                               check_device=False, check_stride=False, check_dtype=True)
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout(f"sample took longer than {SAMPLE_TIMEOUT_S}s")
+
+
+def _known(op, dtype):
+    name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+    return KNOWN.get((name, str(dtype)[6:])) or KNOWN.get((name, "*"))
+
+
+@pytest.mark.parametrize("op,dtype", _params())
+def test_opinfo(op, dtype, request):
+    full = request.config.getoption("--runslow") or os.environ.get("TORCH_RBLN_RUNSLOW") == "1"
+    limit = None if full else SAMPLES
+    stats = STATS[str(dtype)[6:]]
+    known = _known(op, dtype)
+    random_op = op.name in RANDOM_OPS
+    failures = []
+    old = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        ran = 0
+        for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
+            if limit is not None and ran >= limit:
+                break
+            try:
+                torch.manual_seed(0)
+                expected = op(sample.input, *sample.args, **sample.kwargs)
+            except Exception:
+                continue            # the CPU cannot run this sample: not counted
+            ran += 1
+            stats["ran"] += 1
+            signal.alarm(SAMPLE_TIMEOUT_S)
+            try:
+                inp, args, kwargs = _to(sample.input, "rbln"), _to(sample.args, "rbln"), \
+                    _to(sample.kwargs, "rbln")
+                torch.manual_seed(0)
+                actual = op(inp, *args, **kwargs)
+                _compare(actual, expected, dtype, random_op)
+            except Exception as e:  # noqa: BLE001 - every failure is reported below
+                failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    if not failures:
+        stats["matched"] += ran
+        return
+    stats["matched"] += ran - len(failures)
+    if known:
+        stats["known"] += len(failures)
+        pytest.xfail(f"known: {known}")
+    stats["new"] += len(failures)
+    pytest.fail(f"{len(failures)}/{ran} samples differ on rbln: {failures[0]}")
+
+
+def pytest_sessionfinish_report():
+    lines = []
+    for dt, s in sorted(STATS.items()):
+        rate = 100.0 * s["matched"] / s["ran"] if s["ran"] else 100.0
+        lines.append(f"{dt:9s} samples {s['ran']:5d}  matched {s['matched']:5d} ({rate:.2f}%)  "
+                     f"known failures {s['known']:4d}  new failures {s['new']:4d}")
+    return lines
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    yield
+    lines = pytest_sessionfinish_report()
+    print("\nOpInfo on rbln vs CPU:\n  " + "\n  ".join(lines))
+    path = os.environ.get("TORCH_RBLN_OPINFO_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump({k: dict(v) for k, v in STATS.items()}, f, indent=1)

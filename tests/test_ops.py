@@ -1,0 +1,350 @@
+"""Device ops: results vs CPU, where they ran, the program cache and the pre-dispatch checks."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import run_code
+from torch_rbln import events
+from torch_rbln.dispatch.optable import BY_NAME, DEVICE_OPS
+from torch_rbln.runtime import compiler
+
+LOW = (torch.float16, torch.bfloat16)
+TOL = {torch.float16: dict(atol=1e-2, rtol=1e-2), torch.bfloat16: dict(atol=5e-2, rtol=5e-2)}
+
+
+class Events:
+    """Counter deltas of the event stream over a ``with`` block."""
+
+    def __enter__(self):
+        self._before = events.snapshot()
+        return self
+
+    def __exit__(self, *exc):
+        self.after = events.snapshot()
+
+    def count(self, kind, key=None) -> int:
+        a, b = self.after[kind], self._before[kind]
+        keys = [key] if key is not None else a.keys()
+        return sum(a.get(k, [0, 0])[0] - b.get(k, [0, 0])[0] for k in keys)
+
+
+def rb(*xs):
+    return [x.to("rbln") for x in xs]
+
+
+def _x(*shape, dtype=torch.float16, positive=False):
+    t = torch.randn(*shape).to(dtype)
+    return t.abs() + 0.1 if positive else t
+
+
+# (name, op as called by the user, input builder, the op-table entry that must run on device)
+CASES = [
+    ("add", lambda a, b: a + b, lambda d: (_x(4, 64, dtype=d), _x(4, 64, dtype=d)), "add.out"),
+    ("add_alpha", lambda a, b: torch.add(a, b, alpha=2), lambda d: (_x(64, dtype=d), _x(64, dtype=d)), "add.out"),
+    ("add_scalar", lambda a: a + 1.5, lambda d: (_x(2, 64, dtype=d),), "add.out"),
+    ("sub", lambda a, b: a - b, lambda d: (_x(4, 64, dtype=d), _x(64, dtype=d)), "sub.out"),
+    ("mul", lambda a, b: a * b, lambda d: (_x(4, 64, dtype=d), _x(4, 64, dtype=d)), "mul.out"),
+    ("div", lambda a, b: a / b, lambda d: (_x(4, 64, dtype=d), _x(4, 64, dtype=d, positive=True)), "div.out"),
+    ("pow", lambda a: a.pow(2), lambda d: (_x(4, 64, dtype=d),), "pow.Tensor_Scalar_out"),
+    ("neg", torch.neg, lambda d: (_x(4, 64, dtype=d),), "neg.out"),
+    ("abs", torch.abs, lambda d: (_x(4, 64, dtype=d),), "abs.out"),
+    ("rsqrt", torch.rsqrt, lambda d: (_x(4, 64, dtype=d, positive=True),), "rsqrt.out"),
+    ("log", torch.log, lambda d: (_x(4, 64, dtype=d, positive=True),), "log.out"),
+    ("ceil", torch.ceil, lambda d: (_x(4, 64, dtype=d),), "ceil.out"),
+    ("floor", torch.floor, lambda d: (_x(4, 64, dtype=d),), "floor.out"),
+    ("clamp", lambda a: a.clamp(-0.5, 0.5), lambda d: (_x(4, 64, dtype=d),), "clamp.out"),
+    ("mean", lambda a: a.mean(-1, keepdim=True), lambda d: (_x(4, 64, dtype=d),), "mean.out"),
+    ("max", torch.max, lambda d: (_x(4, 64, dtype=d),), "max"),
+    ("min", torch.min, lambda d: (_x(4, 64, dtype=d),), "min"),
+    ("maximum", torch.maximum, lambda d: (_x(4, 64, dtype=d), _x(4, 64, dtype=d)), "maximum.out"),
+    ("minimum", torch.minimum, lambda d: (_x(4, 64, dtype=d), _x(4, 64, dtype=d)), "minimum.out"),
+    ("mm", torch.mm, lambda d: (_x(8, 64, dtype=d), _x(64, 128, dtype=d)), "mm.out"),
+    ("bmm", torch.bmm, lambda d: (_x(2, 8, 64, dtype=d), _x(2, 64, 64, dtype=d)), "bmm.out"),
+    ("addmm", torch.addmm, lambda d: (_x(128, dtype=d), _x(8, 64, dtype=d), _x(64, 128, dtype=d)), "addmm.out"),
+    ("silu", F.silu, lambda d: (_x(4, 64, dtype=d),), "silu.out"),
+    ("sigmoid", torch.sigmoid, lambda d: (_x(4, 64, dtype=d),), "sigmoid.out"),
+    ("softmax", lambda a: a.softmax(-1), lambda d: (_x(4, 64, dtype=d),), "_softmax.out"),
+    ("where", lambda c, a, b: torch.where(c, a, b),
+     lambda d: (torch.randn(4, 64) > 0, _x(4, 64, dtype=d), _x(4, 64, dtype=d)), "where.self"),
+    ("masked_fill", lambda a, m: a.clone().masked_fill_(m, -1.0),
+     lambda d: (_x(4, 64, dtype=d), torch.randn(4, 64) > 0), "masked_fill_.Scalar"),
+    ("gt", lambda a, b: a > b, lambda d: (_x(4, 64, dtype=d), _x(4, 64, dtype=d)), "gt.Tensor_out"),
+    ("eq_scalar", lambda a: a == 0, lambda d: (_x(4, 64, dtype=d).round(),), "eq.Scalar_out"),
+    ("logical_not", torch.logical_not, lambda d: (_x(4, 64, dtype=d).round(),), "logical_not.out"),
+]
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name,fn,make,entry", CASES, ids=[c[0] for c in CASES])
+def test_device_op_matches_cpu_and_runs_on_device(name, fn, make, entry, dtype):
+    args = make(dtype)
+    expected = fn(*args)
+    with Events() as ev:
+        actual = fn(*rb(*args))
+    assert actual.device.type == "rbln"
+    torch.testing.assert_close(actual.cpu(), expected, **TOL[dtype])
+    assert ev.count("dispatch", "aten::" + entry) >= 1
+    assert ev.count("cpu_fallback") == 0
+
+
+def test_linear_inference_mode_arrives_as_linear():
+    net = torch.nn.Linear(64, 128).half()
+    x = _x(4, 64)
+    expected = net(x)
+    netr = net.to("rbln")
+    with torch.inference_mode(), Events() as ev:
+        y = netr(x.to("rbln"))
+    torch.testing.assert_close(y.cpu(), expected, **TOL[torch.float16])
+    assert ev.count("dispatch", "aten::linear") == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_4d_runs_the_overrideable_device_kernel(causal):
+    q, k, v = (_x(1, 2, 64, 64) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    with Events() as ev:
+        out = F.scaled_dot_product_attention(*rb(q, k, v), is_causal=causal)
+    torch.testing.assert_close(out.cpu().float(), expected, atol=2e-3, rtol=2e-3)
+    assert ev.count("dispatch", "aten::_scaled_dot_product_fused_attention_overrideable") == 1
+    assert ev.count("cpu_fallback") == 0
+
+
+def test_sdpa_gqa_and_float_mask():
+    q, k, v = _x(1, 4, 32, 64), _x(1, 2, 32, 64), _x(1, 2, 32, 64)
+    mask = torch.randn(1, 1, 32, 32).half()
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float(),
+                                              enable_gqa=True)
+    out = F.scaled_dot_product_attention(*rb(q, k, v), attn_mask=mask.to("rbln"), enable_gqa=True)
+    torch.testing.assert_close(out.cpu().float(), expected, atol=2e-3, rtol=2e-3)
+
+
+def test_sdpa_unaligned_head_dim_falls_back_in_fp32():
+    q, k, v = (_x(1, 2, 32, 16) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+    with Events() as ev:
+        out = F.scaled_dot_product_attention(*rb(q, k, v))
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-3, rtol=1e-3)
+    assert ev.count("cpu_fallback_reason", "sdpa: head_dim 16 not aligned to 32") == 1
+
+
+def test_sdpa_choice_is_math_for_3d_inputs():
+    q, k, v = (_x(2, 64, 64) for _ in range(3))
+    with Events() as ev:
+        out = F.scaled_dot_product_attention(*rb(q, k, v))
+    assert ev.count("dispatch", "aten::_scaled_dot_product_fused_attention_overrideable") == 0
+    assert ev.count("dispatch", "aten::bmm.out") >= 1
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v), atol=2e-2, rtol=2e-2)
+
+
+# ------------------------------------------------------------------------------------------
+# native data movement
+
+def test_native_copies_match_cpu_for_any_dtype():
+    x = torch.randn(6, 64)
+    idx = torch.tensor([4, 0, 2])
+    xr = x.to("rbln")
+    torch.testing.assert_close(torch.cat([xr, xr], 0).cpu(), torch.cat([x, x], 0))
+    torch.testing.assert_close(xr.index_select(0, idx).cpu(), x.index_select(0, idx))
+    torch.testing.assert_close(xr.index_select(0, idx.to("rbln")).cpu(), x.index_select(0, idx))
+    src = torch.randn(3, 64)
+    torch.testing.assert_close(xr.index_copy(0, idx.to("rbln"), src.to("rbln")).cpu(),
+                               x.index_copy(0, idx, src))
+    torch.testing.assert_close(xr.repeat_interleave(2, dim=0).cpu(), x.repeat_interleave(2, dim=0))
+    torch.testing.assert_close(torch.arange(3, 64, 2, device="rbln").cpu(), torch.arange(3, 64, 2))
+    t = xr.t().clone()
+    assert t.stride() == x.t().clone().stride()
+    torch.testing.assert_close(t.cpu(), x.t())
+    torch.testing.assert_close(xr.clone().fill_(2.5).cpu(), torch.full_like(x, 2.5))
+    torch.testing.assert_close(xr.clone().zero_().cpu(), torch.zeros_like(x))
+
+
+def test_native_ops_follow_residency():
+    a = torch.ones(64, 64, dtype=torch.float16, device="rbln")      # host-latest: filled on host
+    with Events() as ev:
+        b = torch.cat([a, a])
+    assert ev.count("h2d") == 0 and ev.count("runtime", "v2v_multi") == 0
+    c = a + a                                                       # device-latest result
+    with Events() as ev:
+        d = torch.cat([c, c])
+    assert ev.count("runtime", "v2v_multi") == 1 and ev.count("d2h") == 0
+    torch.testing.assert_close(d.cpu(), torch.cat([a.cpu(), a.cpu()]) * 2)
+
+
+def test_cat_of_mixed_dtypes_is_a_strided_copy_fallback(caplog):
+    a = torch.randn(2, 64, dtype=torch.float16).to("rbln")
+    b = torch.randn(2, 64).to("rbln")
+    (a + a).sum  # noqa: B018 - keep `a` alive on the device side
+    with Events() as ev:
+        out = torch.cat([a, b])
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.cpu(), torch.cat([a.cpu(), b.cpu()]))
+    assert ev.count("bounce", "strided_v2v_cpu_fallback") == 1
+    r = run_code("import torch\na=torch.ones(2,64,dtype=torch.float16,device='rbln')\n"
+                 "torch.cat([a, a.float()])", env={"TORCH_RBLN_DISABLE_FALLBACK": "strided_copy_error"})
+    assert r.returncode != 0 and "batched strided copy failed" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# the program cache
+
+def _recompiles(fn) -> int:
+    with Events() as ev:
+        fn()
+    return ev.count("recompile")
+
+
+def test_cache_key_shape_dtype_scalars_and_aliasing():
+    a, b = (_x(8, 64).to("rbln") for _ in range(2))
+    assert _recompiles(lambda: a + b) == 1
+    assert _recompiles(lambda: a + b) == 0                     # warm hit
+    assert _recompiles(lambda: a + a) == 1                     # aliasing pattern differs
+    assert _recompiles(lambda: torch.add(a, b, alpha=2)) == 1  # a new baked scalar
+    c = _x(16, 64).to("rbln")
+    assert _recompiles(lambda: c + c) == 1                     # new shape
+    bf = _x(8, 64, dtype=torch.bfloat16).to("rbln")
+    assert _recompiles(lambda: bf + bf) == 1                   # new dtype
+    d = _x(16, 64).to("rbln")
+    assert _recompiles(lambda: d + d) == 0                     # same key as c + c
+    for s in (1, 1.0, True):                                   # typed scalars differ
+        assert _recompiles(lambda: torch.mul(a, s)) == 1
+
+
+def test_warm_hits_are_counted():
+    a = _x(8, 128).to("rbln")
+    a * a
+    with Events() as ev:
+        for _ in range(3):
+            a * a
+    assert ev.count("warm_hit", "aten::mul.out") == 3 and ev.count("recompile") == 0
+
+
+def test_empty_cache_and_dynamo_reset_drop_programs():
+    a = _x(8, 192).to("rbln")
+    a - a
+    assert _recompiles(lambda: a - a) == 0
+    torch.rbln.empty_cache()
+    assert compiler.cache_size() == 0
+    assert _recompiles(lambda: a - a) == 1
+    importlib.import_module("torch._dynamo").reset()
+    assert compiler.cache_size() == 0
+    assert _recompiles(lambda: a - a) == 1
+
+
+def test_compile_lowers_to_npu_primitives():
+    a = _x(4, 64).to("rbln")
+    F.silu(a)
+    progs = [p for p in compiler._cache.values() if p.op == "aten::silu.out"]
+    assert progs and set(progs[-1].primitives) <= compiler.NPU_PRIMITIVES
+    prims, meta = compiler.lower(torch.ops.aten._softmax_backward_data.default,
+                                 (torch.empty(2, 64, dtype=torch.float16),) * 2 + (1, torch.float16), {})
+    assert prims == ("_softmax_backward_data",) and meta[0] == (2, 64)
+
+
+def test_first_compile_does_not_import_dynamo():
+    r = run_code("import sys, time, torch\n"
+                 "a = torch.ones(64, dtype=torch.float16, device='rbln')\n"
+                 "t = time.perf_counter(); a + a; a * a; torch.softmax(a, 0)\n"
+                 "print('dynamo' if 'torch._dynamo' in sys.modules else 'no-dynamo')")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "no-dynamo"
+
+
+def test_compile_error_falls_back_or_raises():
+    a = _x(4, 64, positive=True)
+    with Events() as ev:
+        out = a.to("rbln").pow(1.7)
+    assert ev.count("cpu_fallback_reason", "compile-error") == 1
+    torch.testing.assert_close(out.cpu(), a.pow(1.7), **TOL[torch.float16])
+    r = run_code("import torch\na=torch.ones(64,dtype=torch.float16,device='rbln')\na.pow(1.7)",
+                 env={"TORCH_RBLN_DISABLE_FALLBACK": "compile_error"})
+    assert r.returncode != 0 and "CompileError" in r.stderr and "pow" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# pre-dispatch checks
+
+def _reason(fn) -> list:
+    with Events() as ev:
+        fn()
+    return [k for k, v in ev.after["cpu_fallback_reason"].items()
+            if v[0] != ev._before["cpu_fallback_reason"].get(k, [0])[0]]
+
+
+def test_check_reasons():
+    f32 = torch.randn(64).to("rbln")
+    h = _x(64).to("rbln")
+    assert _reason(lambda: f32 + f32) == ["dtype-not-fp16"]
+    assert _reason(lambda: h + f32) == ["dtype-not-fp16"]                       # mixed dtypes
+    s = torch.tensor(1.0, dtype=torch.float16).to("rbln")
+    assert _reason(lambda: s + s) == ["all-scalar inputs"]
+    base = _x(128).to("rbln")
+    assert _reason(lambda: base[64:] + h) == ["storage-offset"]
+    bad = torch.full((64,), float("nan"), dtype=torch.float16).to("rbln")
+    assert _reason(lambda: bad + h) == ["nan/inf input"]
+    odd = _x(4, 48).to("rbln")
+    assert _reason(lambda: odd + odd) == ["last-dim-not-64-aligned"]
+    assert _reason(lambda: torch.div(h, h, rounding_mode="floor")) == ["div-rounding-fp16"]
+    # TensorList arguments are exempt from the 64-alignment rule
+    assert _reason(lambda: torch.cat([odd, odd])) == []
+
+
+def test_fp32_add_has_no_fast_path_but_mul_has():
+    assert not BY_NAME["add.out"].fast_path and BY_NAME["mul.out"].fast_path
+
+
+def test_deploy_mode_skips_the_scan_read_live(monkeypatch):
+    bad = torch.full((64,), float("inf"), dtype=torch.float16).to("rbln")
+    monkeypatch.setenv("TORCH_RBLN_DEPLOY", "ON")
+    assert _reason(lambda: bad * 2) == []
+    monkeypatch.setenv("TORCH_RBLN_DEPLOY", "OFF")
+    assert _reason(lambda: bad * 2) == ["nan/inf input"]
+
+
+def test_nan_scan_reads_device_latest_inputs_on_host():
+    a = _x(4, 256).to("rbln")
+    b = a + a                       # device-latest
+    with Events() as ev:
+        F.silu(b)
+    assert ev.count("d2h") == 1
+    with Events() as ev:
+        F.silu(b)                   # synced now, and known finite: no transfer
+    assert ev.count("d2h") == 0
+
+
+def test_dev_disable_checks_warns_once_and_is_read_live(monkeypatch):
+    import torch_rbln.dispatch.checks as checks
+    monkeypatch.setattr(checks, "_warned_dev", False)
+    f32 = torch.randn(64).to("rbln")
+    monkeypatch.setenv("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK", "dtype")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert _reason(lambda: f32 + f32) == []
+        assert _reason(lambda: f32 + f32) == []
+    assert sum("Do NOT use in production" in str(x.message) for x in w) == 1
+    monkeypatch.delenv("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK")
+    assert _reason(lambda: f32 + f32) == ["dtype-not-fp16"]
+
+
+def test_trace_function_sends_ops_to_cpu():
+    h = _x(64).to("rbln")
+    sys.settrace(lambda *a: None)
+    try:
+        reasons = _reason(lambda: h + h)
+    finally:
+        sys.settrace(None)
+    assert reasons == ["trace"]
+
+
+def test_every_table_entry_is_registered():
+    for e in DEVICE_OPS:
+        name = e.name if "." in e.name else e.name + ".default"
+        packet, _, ov = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), ov)
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"), e.name

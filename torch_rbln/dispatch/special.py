@@ -1,0 +1,78 @@
+"""PrivateUse1 entry points PyTorch calls in place of a regular op, and autograd kernels.
+
+* ``_fused_sdp_choice``: SDPA backend selection. ``overrideable`` (the device attention kernel,
+  ``_scaled_dot_product_fused_attention_overrideable``) when q, k and v are all 4-D, ``math``
+  (PyTorch's decomposition into matmul/softmax, each a device op) otherwise.
+* ``scaled_dot_product_attention``: PyTorch's C++ SDPA consults a per-backend selection stub
+  that only C++ can register for PrivateUse1, so the selection is applied here, on the
+  PrivateUse1 and AutogradPrivateUse1 keys: the overrideable op (whose autograd formula calls
+  the device backward), or PyTorch's own composite (the math path).
+* ``linear`` under autograd: ``aten::linear`` is CompositeImplicit, so a PrivateUse1 kernel for
+  it would leave autograd without a formula. With autograd recording, the op runs through a
+  Function whose backward is the device's ``aten::linear_backward``; otherwise (no_grad, or no
+  input requiring grad) it goes straight to the device kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MATH, _OVERRIDEABLE = 0, 4     # torch.nn.attention.SDPBackend values
+
+
+def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                     scale=None, enable_gqa=False):
+    if query.dim() == 4 and key.dim() == 4 and value.dim() == 4:
+        return _OVERRIDEABLE
+    return _MATH
+
+
+_sdpa = torch.ops.aten.scaled_dot_product_attention.default
+_sdpa_overrideable = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, *, scale=None, enable_gqa=False):
+    choice = fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                              enable_gqa=enable_gqa)
+    if choice == _OVERRIDEABLE and (enable_gqa or query.shape[-3] == key.shape[-3]):
+        return _sdpa_overrideable(query, key, value, attn_mask, dropout_p, is_causal, False,
+                                  scale=scale)[0]
+    return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                           enable_gqa=enable_gqa)
+
+
+_linear = torch.ops.aten.linear.default
+_linear_backward = torch.ops.aten.linear_backward.default
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        with _below_autograd():
+            return _linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        mask = [need[0], need[1], ctx.has_bias and need[2]]
+        dx, dw, db = _linear_backward(x, grad, weight, mask)
+        return dx, dw, db
+
+
+def linear_autograd(x, weight, bias=None):
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _Linear.apply(x, weight, bias)
+    with _below_autograd():
+        return _linear(x, weight, bias)
+
+
+KERNELS = {"_fused_sdp_choice": fused_sdp_choice,
+           "scaled_dot_product_attention": scaled_dot_product_attention}
+AUTOGRAD_KERNELS = {"linear": linear_autograd,
+                    "scaled_dot_product_attention": scaled_dot_product_attention}

@@ -1,0 +1,1 @@
+"""Graph mode: the ``rbln`` backend of ``torch.compile`` (see ``backend.py``)."""

@@ -1,0 +1,223 @@
+"""The ``rbln`` Dynamo backend: ``torch.compile(model, backend="rbln")``.
+
+Pipeline per Dynamo graph (one compile id, ``"0/0"``, ``"0/1"`` ...):
+
+1. AOTAutograd traces the graph to functional aten graphs (one for inference, or a forward and
+   a backward for training), with no decompositions, so each node is the aten op eager would see.
+2. Each aten graph is placed node by node with the eager rules (``placement.py``) and split into
+   device and host partitions (``split.py``).
+3. Each device partition is compiled to fused code by Inductor's C++ backend, on CPU example
+   inputs made inside the graph's own fake mode, and runs as one launch on the device buffers;
+   host partitions run op by op on the host views (``runners.py``).
+
+Each compiled aten graph is one ``recompile`` event keyed ``graph <compile id>`` (the backward
+``graph <compile id> backward``) carrying its compile time, and one :class:`CompiledProgram` for
+``torch.rbln.capture_programs()``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import weakref
+
+import torch
+import torch.fx
+
+from .. import events
+from ..dispatch.optable import DEVICE_OPS
+from ..runtime import devices
+from . import programs, split
+from .runners import DevicePartition, HostPartition, fp32_matmuls, to_cpu_devices
+
+__all__ = ["rbln_backend", "drop_all"]
+
+_OPTIONS = ("npu", "devices", "num_devices", "tensor_parallel_size", "mode", "cache_dir",
+            "disable_logger")
+
+# every compiled graph alive (Dynamo's cache owns them); empty_cache() drops their programs
+_live: "weakref.WeakSet[GraphProgram]" = weakref.WeakSet()
+
+
+def drop_all() -> None:
+    """Drop the compiled device programs of every graph; each recompiles on its next call."""
+    for g in list(_live):
+        g.drop()
+
+
+class GraphProgram:
+    """A compiled aten graph: the outer graph calls the partitions in order."""
+
+    def __init__(self, name: str, key: str, outer: torch.fx.GraphModule, device_parts: list):
+        self.name = name
+        self.key = key
+        self.outer = outer
+        self.device_parts = device_parts
+        self.stale = False
+        # AOTAutograd passes the arguments as one list (an instance attribute: its wrappers copy
+        # the callee's __dict__)
+        self._boxed_call = True
+
+    def build(self) -> None:
+        t0 = time.perf_counter_ns()
+        for p in self.device_parts:
+            p.build()
+        self.stale = False
+        events.record("recompile", self.key, time.perf_counter_ns() - t0)
+
+    def drop(self) -> None:
+        for p in self.device_parts:
+            p.drop()
+        self.stale = True
+
+    def __call__(self, args):
+        if self.stale:
+            self.build()
+        for p in self.device_parts:
+            events.record("dispatch", self.key)
+            events.record("warm_hit", self.key)
+        return self.outer(*args)
+
+
+def _check_options(options: dict | None) -> dict:
+    options = dict(options or {})
+    unknown = sorted(k for k in options if k not in _OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown rbln options {unknown}")
+    n = options.get("devices", options.get("num_devices", options.get("tensor_parallel_size", 1)))
+    if n != 1:
+        raise NotImplementedError(f"a graph over {n} devices; torch-rbln runs graphs on one device")
+    return options
+
+
+def _decompositions() -> dict:
+    """Composite ops the rbln backend registers a kernel for (``linear``) would otherwise stay
+    whole in the traced graph, and their backward (``linear_backward``) has no host kernel:
+    trace them through their composite definition instead, as PyTorch does for the CPU."""
+    table = {}
+    for e in DEVICE_OPS:
+        packet, _, ov = e.name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), ov or "default")
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+            table[op] = op.decompose
+    table[torch.ops.aten.linear_backward.default] = _linear_backward
+    return table
+
+
+def _linear_backward(x, grad, weight, mask):
+    # the backward autograd records for the rbln `linear` kernel; only PrivateUse1 has a kernel
+    g2 = grad.reshape(-1, grad.shape[-1])
+    gi = grad @ weight if mask[0] else None
+    gw = g2.t() @ x.reshape(-1, x.shape[-1]) if mask[1] else None
+    gb = g2.sum(0) if mask[2] else None
+    return gi, gw, gb
+
+
+def _target_device(example_inputs) -> torch.device:
+    for v in example_inputs:
+        if isinstance(v, torch.Tensor) and v.device.type == "rbln":
+            return torch.device("rbln", v.device.index or 0)
+    return torch.device("rbln", devices.current())
+
+
+def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode):
+    """Fused code for one device partition: Inductor's C++ backend on CPU example inputs made
+    inside the graph's fake mode (made outside it, symbolic shapes fail on a cold cache)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with fake_mode:
+        cpu = [torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device="cpu")
+               if isinstance(v, torch.Tensor) else v for v in fakes]
+    gm = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))   # compile_fx may mutate its graph
+    to_cpu_devices(gm)
+    fp32_matmuls(gm)
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+        fn = compile_fx(gm, cpu)
+
+    def run(*args):
+        out = fn(*args)
+        return out if isinstance(out, (tuple, list)) else (out,)
+    return run
+
+
+def _rbln_outputs(sub: torch.fx.GraphModule) -> tuple:
+    outs = sub.graph.output_node().args[0]
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    return tuple(isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor)
+                 and v.device.type == "rbln" for o in outs)
+
+
+def _spec_shape(t: torch.Tensor) -> tuple:
+    return tuple(int(s) if not isinstance(s, torch.SymInt) else str(s) for s in t.shape)
+
+
+def _specs(gm: torch.fx.GraphModule):
+    ins, outs = [], []
+    for n in gm.graph.find_nodes(op="placeholder"):
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            ins.append(programs.InputSpec(n.name, _spec_shape(v), v.dtype, len(ins)))
+    res = gm.graph.output_node().args[0]
+    for i, o in enumerate(res if isinstance(res, (tuple, list)) else (res,)):
+        v = getattr(o, "meta", {}).get("val")
+        if isinstance(v, torch.Tensor):
+            outs.append(programs.OutputSpec(_spec_shape(v), v.dtype, i))
+    return tuple(ins), tuple(outs)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str,
+                  device: torch.device, scopes: tuple = ()) -> GraphProgram:
+    """Place, split and compile one aten graph."""
+    t0 = time.perf_counter_ns()
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    input_specs, output_specs = _specs(gm)
+    gm, placed, dev_names, host_names = split.split(gm)
+    index = device.index or 0
+    device_parts, host_ops = [], []
+    for node in gm.graph.find_nodes(op="call_module"):
+        sub = getattr(gm, node.target)
+        rbln_out = _rbln_outputs(sub)
+        if node.target in dev_names:
+            fakes = [a.meta.get("val") for a in node.args]
+            part = DevicePartition(node.target, rbln_out, index,
+                                   lambda sub=sub, fakes=fakes: _inductor(sub, fakes, fake_mode))
+            part.build()
+            device_parts.append(part)
+        else:
+            to_cpu_devices(sub)
+            ops = split.placements_of(sub, placed)
+            part = HostPartition(node.target, rbln_out, index, sub, ops)
+            host_ops.extend((p.op, p.reason) for p in part.ops)
+        setattr(gm, node.target, part)
+    key = f"graph {name}" + (" backward" if kind == "backward" else "")
+    program = GraphProgram(name, key, gm, device_parts)
+    _live.add(program)
+    events.record("recompile", key, time.perf_counter_ns() - t0)
+    programs.publish(programs.CompiledProgram(
+        name=name, device=device, function=program, input_specs=input_specs,
+        output_specs=output_specs, kind=kind, device_partitions=len(device_parts),
+        host_ops=tuple(host_ops)), scopes)
+    return program
+
+
+def rbln_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
+                 mode: str | None = None, **_):
+    """Dynamo backend: compile ``gm`` for the rbln device (inference and training)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    _check_options(options)
+    cid = torch._guards.CompileContext.current_compile_id()
+    name = str(cid) if cid is not None else ""
+    device = _target_device(example_inputs)
+    # the backward compiles later, possibly on autograd's device thread: it is published to the
+    # capture scopes open where the forward compiled, too
+    scopes = programs.open_scopes()
+
+    def compiler(kind):
+        def fn(g, inputs):
+            return compile_graph(g, inputs, name, kind, device, scopes)
+        return fn
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                        inference_compiler=compiler("inference"),
+                        decompositions=_decompositions())(gm, example_inputs)

@@ -1,0 +1,172 @@
+"""Executor forms of compiled programs: how a program computes on device memory.
+
+NPU numerics: tensors are stored in fp16/bf16, every program accumulates in fp32 and rounds
+to the output dtype once, at the op boundary. The forms:
+
+* ``direct``  the functional aten op on CPU tensors over device buffers. PyTorch's CPU kernels
+  for fp16/bf16 elementwise ops, reductions, softmax and matmuls already widen to fp32
+  internally and round once, which is exactly the NPU contract, so no extra pass is needed.
+* ``fp32``    widen every fp16/bf16 input to fp32, run the op, round each floating output to
+  its dtype (for ops whose CPU kernel would round between internal steps).
+* custom      programs whose body is written out here (attention, ``linear_backward``): each
+  step in fp32, one rounding per output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_LOW = (torch.float16, torch.bfloat16)
+_f32 = torch.float32
+
+
+def _widen(x):
+    if isinstance(x, torch.Tensor) and x.dtype in _LOW:
+        return x.to(_f32)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_widen(v) for v in x)
+    return x
+
+
+def _round(x, meta):
+    if isinstance(x, torch.Tensor) and meta is not None and x.dtype != meta[1]:
+        return x.to(meta[1])
+    if isinstance(x, (list, tuple)):
+        return type(x)(_round(v, m) for v, m in zip(x, meta))
+    return x
+
+
+def direct(fn, out_meta):
+    return fn
+
+
+def fp32(fn, out_meta):
+    def run(*args, **kwargs):
+        return _round(fn(*_widen(args), **_widen(kwargs)), out_meta)
+    return run
+
+
+# ------------------------------------------------------------------------------------------
+# attention
+
+def _scores(q, k, attn_bias, is_causal, scale):
+    """fp32 attention logits ``q @ kᵀ * scale + mask`` (GQA: k heads repeated)."""
+    k = _repeat_kv(k, q.shape[-3])
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    L, S = q.shape[-2], k.shape[-2]
+    if is_causal:   # top-left aligned, as the math backend builds it
+        rows = torch.arange(L, device=q.device).unsqueeze(-1)
+        keep = rows >= torch.arange(S, device=q.device).unsqueeze(0)
+        s = s.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_bias is not None:
+        if attn_bias.dtype == torch.bool:
+            s = s.masked_fill(attn_bias.logical_not(), float("-inf"))
+        else:
+            s = s + attn_bias.to(_f32)
+    return s
+
+
+def _repeat_kv(x, h):
+    """GQA: each of the ``hk`` kv heads serves ``h // hk`` query heads."""
+    hk = x.shape[-3]
+    if hk == h:
+        return x
+    shape = x.shape
+    return x.unsqueeze(-3).expand(*shape[:-2], h // hk, *shape[-2:]).reshape(
+        *shape[:-3], h, *shape[-2:])
+
+
+def _sum_heads(g, hk):
+    """Gradient of a GQA-repeated k/v: sum the copies of each kv head."""
+    h = g.shape[-3]
+    if h == hk:
+        return g
+    return g.unflatten(-3, (hk, h // hk)).sum(-3)
+
+
+def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
+                 return_debug_mask=False, *, scale=None):
+    dtype = q.dtype
+    sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = _scores(q.to(_f32), k.to(_f32), attn_bias, is_causal, sc)
+    lse = torch.logsumexp(s, -1)
+    w = torch.softmax(s, -1)
+    # a fully masked row gives NaN in softmax; the math backend does the same
+    if dropout_p > 0.0:
+        w = torch.nn.functional.dropout(w, dropout_p)
+    out = torch.matmul(w, _repeat_kv(v.to(_f32), q.shape[-3])).to(dtype)
+    B, H, L = q.shape[0], q.shape[1], q.shape[2]
+    S = k.shape[-2]
+    debug = w.to(dtype) if return_debug_mask else torch.empty(0, dtype=dtype)
+    empty_i = torch.empty(0, dtype=torch.int64)
+    return (out, lse.reshape(B, H, L), empty_i, empty_i.clone(), L, S,
+            torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64), debug)
+
+
+def _reduce_to(g, shape):
+    """Sum a broadcast gradient back to ``shape``."""
+    while g.dim() > len(shape):
+        g = g.sum(0)
+    for i, n in enumerate(shape):
+        if n == 1 and g.shape[i] != 1:
+            g = g.sum(i, keepdim=True)
+    return g
+
+
+def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
+                  cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
+                  *, scale=None):
+    dtype = q.dtype
+    h, hk = q.shape[-3], k.shape[-3]
+    sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    qf, kf, vf, go = q.to(_f32), k.to(_f32), v.to(_f32), grad_out.to(_f32)
+    w = torch.softmax(_scores(qf, kf, attn_bias, is_causal, sc), -1)
+    kr, vr = _repeat_kv(kf, h), _repeat_kv(vf, h)
+    dv = _sum_heads(torch.matmul(w.transpose(-2, -1), go), hk)
+    dw = torch.matmul(go, vr.transpose(-2, -1))
+    ds = w * (dw - (dw * w).sum(-1, keepdim=True))        # grad of the logits
+    dq = torch.matmul(ds, kr) * sc
+    dk = _sum_heads(torch.matmul(ds.transpose(-2, -1), qf) * sc, hk)
+    dbias = None
+    if attn_bias is not None and attn_bias.dtype != torch.bool and grad_input_mask[3]:
+        dbias = _reduce_to(ds, attn_bias.shape).to(attn_bias.dtype)
+    return (dq.to(dtype) if grad_input_mask[0] else None,
+            dk.to(dtype) if grad_input_mask[1] else None,
+            dv.to(dtype) if grad_input_mask[2] else None,
+            dbias)
+
+
+# ------------------------------------------------------------------------------------------
+# linear backward
+
+def linear_backward(x, grad_output, weight, output_mask):
+    if len(output_mask) < 3:
+        raise ValueError(f"linear_backward: output_mask needs 3 entries, got {list(output_mask)}")
+    dtype = x.dtype
+    gy = grad_output.to(_f32)
+    dx = torch.matmul(gy, weight.to(_f32)).to(dtype) if output_mask[0] else None
+    dw = db = None
+    if output_mask[1]:
+        gy2 = gy.reshape(-1, gy.shape[-1])
+        dw = gy2.t().matmul(x.to(_f32).reshape(-1, x.shape[-1])).to(weight.dtype)
+    if output_mask[2]:
+        db = gy.reshape(-1, gy.shape[-1]).sum(0).to(grad_output.dtype)
+    return dx, dw, db
+
+
+CUSTOM = {
+    "sdpa": sdpa_forward,
+    "sdpa_backward": sdpa_backward,
+    "linear_backward": linear_backward,
+}
+
+
+def build(kernel: str, fn, out_meta):
+    """The run callable of a program compiled for ``fn`` in executor form ``kernel``."""
+    if kernel == "direct":
+        return direct(fn, out_meta)
+    if kernel == "fp32":
+        return fp32(fn, out_meta)
+    return CUSTOM[kernel]
