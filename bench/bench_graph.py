@@ -1,6 +1,6 @@
 """Graph mode vs eager, side by side: a small Hugging Face Llama forward (fp16, random weights).
 
-    .venv/bin/python bench/bench_graph.py [--seq 64] [--iters 20]
+    .venv/bin/python bench/bench_graph.py [--seq 64] [--iters 20] [--threads N]
 
 Prints the first-call compile time of ``torch.compile(model, backend="rbln")`` and the median
 forward time of CPU eager, rbln eager and rbln graph mode, measured in interleaved rounds so
@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import time
 
-import torch
+# Idle OpenMP workers sleep instead of spinning: on a machine shared with other jobs, spinning
+# threads slow every side by several times (set before torch loads its OpenMP runtime).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 
 def llama(hidden: int, layers: int):
@@ -38,7 +43,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="host threads (default: PyTorch's); set before the graph compiles, "
+                         "since Inductor bakes the thread count into its kernels")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     cpu_model = llama(args.hidden, args.layers)
     rbln_model = copy.deepcopy(cpu_model).to("rbln")
@@ -68,7 +78,7 @@ def main() -> None:
 
     p = programs[0]
     print(f"Llama forward: hidden {args.hidden}, {args.layers} layers, seq {args.seq}, fp16, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     print(f"graph compile (first call): {compile_s:.2f} s; {p.device_partitions} device "
           f"partitions, {len(p.host_ops)} host ops")
     base = statistics.median(times["cpu eager"])

@@ -15,5 +15,11 @@ RANDOM_OPS = frozenset({
     "nn.functional.multi_head_attention_forward", "torch._scaled_mm",
 })
 
+_SPARSE = ("sparse layouts are not supported: an rbln storage holds strided tensors only "
+           "(the sample cannot even be built on rbln)")
+
 KNOWN: dict = {
+    ("to_sparse", "*"): _SPARSE,
+    ("sparse.mm.reduce", "*"): _SPARSE,
+    ("sparse.sampled_addmm", "*"): _SPARSE,
 }

@@ -100,7 +100,7 @@ def test_torch_accelerator_sees_rbln():
     assert torch.accelerator.current_accelerator() == torch.device("rbln")
     assert torch.accelerator.device_count() == 1
     torch.accelerator.synchronize()
-    t = torch.ones(1000, device="rbln") + 1      # a device op: device memory in use
+    t = torch.ones(1024, dtype=torch.float16, device="rbln") + 1   # a device op: device memory in use
     assert torch.accelerator.memory_allocated() == torch.rbln.memory_allocated() > 0
     assert torch.accelerator.memory_stats()["reserved_bytes.all.current"] == torch.rbln.memory_reserved()
     free, total = torch.accelerator.get_memory_info()

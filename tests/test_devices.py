@@ -30,9 +30,10 @@ def groups():
 """
 
 
-def probe(body: str, env: dict) -> dict:
-    """Run ``body`` after PRELUDE in a fresh process; it must ``print(json.dumps(...))`` last."""
-    r = run_code(PRELUDE + textwrap.dedent(body), env=env)
+def probe(body: str, env: dict, helpers: str = "") -> dict:
+    """Run ``body`` after PRELUDE (and ``helpers``) in a fresh process; it must
+    ``print(json.dumps(...))`` last."""
+    r = run_code(PRELUDE + helpers + textwrap.dedent(body), env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -121,23 +122,24 @@ def test_rbln_devices_selects_the_pool_that_mapping_indexes():
     assert out["alias"] == [[0], [1]]
 
 
-BAD_CONFIGS = [
-    ({"RBLN_NPUS_PER_DEVICE": "3"}, "Invalid RBLN_NPUS_PER_DEVICE"),
-    ({"RBLN_DEVICE_MAP": "[0,1],[2]x"}, "Expected ',' at position"),
-    ({"RBLN_DEVICE_MAP": "0,1"}, "Expected '[' at position 0"),
-    ({"RBLN_DEVICE_MAP": "[0,1,2]"}, "has 3 NPUs"),
-    ({"RBLN_DEVICE_MAP": "[0,1],[1,2]"}, "NPU 1 appears in more than one group"),
-    ({"RBLN_DEVICE_MAP": "[0,1],[2,3]", "RBLN_DEVICES": "0,1"}, "only 2 NPU(s) are visible"),
-    ({"RBLN_DEVICES": "0,9"}, "names physical NPU 9"),
-    ({"RBLN_DEVICES": "0,x"}, "Invalid RBLN_DEVICES"),
-    ({"RBLN_DEVICES": "1,1"}, "must not repeat"),
+BAD_CONFIGS = [  # (environment, message, physical_device_count())
+    ({"RBLN_NPUS_PER_DEVICE": "3"}, "Invalid RBLN_NPUS_PER_DEVICE", 4),
+    ({"RBLN_DEVICE_MAP": "[0,1],[2]x"}, "Expected ',' at position", 4),
+    ({"RBLN_DEVICE_MAP": "0,1"}, "Expected '[' at position 0", 4),
+    ({"RBLN_DEVICE_MAP": "[0,1,2]"}, "has 3 NPUs", 4),
+    ({"RBLN_DEVICE_MAP": "[0,1],[1,2]"}, "NPU 1 appears in more than one group", 4),
+    ({"RBLN_DEVICE_MAP": "[0,1],[2,3]", "RBLN_DEVICES": "0,1"}, "only 2 NPU(s) are visible", 2),
+    ({"RBLN_DEVICES": "0,9"}, "names physical NPU 9", 0),
+    ({"RBLN_DEVICES": "0,x"}, "Invalid RBLN_DEVICES", 0),
+    ({"RBLN_DEVICES": "1,1"}, "must not repeat", 0),
+    ({"RBLN_VISIBLE_DEVICES": "0;1"}, "Invalid RBLN_VISIBLE_DEVICES", 0),
 ]
 
 
-@pytest.mark.parametrize("env,message", BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])
-def test_malformed_mapping(env, message):
+@pytest.mark.parametrize("env,message,phys", BAD_CONFIGS, ids=[c[1] for c in BAD_CONFIGS])
+def test_malformed_mapping(env, message, phys):
     """device_count() warns and returns 0; current_device() and tensor creation raise the
-    detailed error; is_available() is False."""
+    detailed error; is_available() is False; a bad grouping leaves the physical count alone."""
     out = probe("""
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -150,9 +152,10 @@ def test_malformed_mapping(env, message):
             except Exception as e:
                 errors.append(str(e))
         print(json.dumps(dict(n=n, available=torch.rbln.is_available(),
+                              phys=torch.rbln.physical_device_count(),
                               warnings=[str(x.message) for x in w], errors=errors)))
     """, {"TORCH_RBLN_VIRTUAL_NPUS": "4", **env})
-    assert out["n"] == 0 and out["available"] is False
+    assert out["n"] == 0 and out["available"] is False and out["phys"] == phys
     assert any(message in m for m in out["warnings"]), out["warnings"]
     assert all(e is not None and message in e for e in out["errors"]), out["errors"]
 
@@ -315,3 +318,13 @@ def test_device_properties_per_logical_device():
                             ["RBLN-CR13", 288 * gib, 2, 4, 36 * gib]]
     assert out["name"] == "RBLN-CR13"
     assert "out of range" in out["err"]
+
+
+def test_commit_logs_the_table_at_debug():
+    r = run_code("import torch\n"
+                 "torch.rbln.device_count()\n"
+                 "torch.ones(1, device='rbln:1')\n",
+                 env={"TORCH_RBLN_VIRTUAL_NPUS": "2", "TORCH_RBLN_LOG_LEVEL": "DEBUG"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("Device configuration complete:") == 1
+    assert "| rbln:1         | [ 1 ]            | Active              |" in r.stderr

@@ -136,7 +136,7 @@ TRACE_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\]\[W\] TRACE$
 
 
 def test_sin_demo_log_format():
-    r = run_script(EXAMPLES / "sin_demo.py", env={"TORCH_RBLN_LOG_LEVEL": "INFO"}, cwd=EXAMPLES)
+    r = run_script("sin_demo.py", env={"TORCH_RBLN_LOG_LEVEL": "INFO"}, cwd=EXAMPLES)
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     i = next(n for n, line in enumerate(lines) if LOG_LINE.match(line))

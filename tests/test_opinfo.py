@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from opinfo_known_failures import KNOWN, RANDOM_OPS
+from torch_rbln.runtime.storage import buffer_of
 
 SAMPLES = 2
 SAMPLE_TIMEOUT_S = 30
@@ -54,18 +55,35 @@ def _params():
     return out
 
 
-def _to(x, device):
+def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU with its storage layout kept (size, stride and offset into a copy of
+    the whole storage), so ops that address the storage (``as_strided``) see the same bytes."""
+    if t.layout != torch.strided:
+        return t.cpu()
+    buf = buffer_of(t)
+    buf.host_read()
+    storage = buf._hbytes().clone().untyped_storage()
+    out = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())
+    if t.is_conj():
+        out = out.conj()
+    if t.is_neg():
+        out = out._neg_view()
+    return out
+
+
+def _to_cpu(x):
+    """A CPU copy of a sample argument (rbln tensors copied, device arguments rewritten)."""
     if isinstance(x, torch.Tensor):
-        return x.detach().to(device)
+        return _cpu_copy(x.detach()) if x.device.type == "rbln" else x.detach().clone()
     if isinstance(x, (list, tuple)):
-        return type(x)(_to(v, device) for v in x) if not hasattr(x, "_fields") else \
-            type(x)(*(_to(v, device) for v in x))
+        return type(x)(_to_cpu(v) for v in x) if not hasattr(x, "_fields") else \
+            type(x)(*(_to_cpu(v) for v in x))
     if isinstance(x, dict):
-        return {k: _to(v, device) for k, v in x.items()}
-    if isinstance(x, torch.device) and x.type == "cpu":
-        return torch.device("rbln")
-    if isinstance(x, str) and x == "cpu":
-        return "rbln"
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, torch.device) and x.type == "rbln":
+        return torch.device("cpu")
+    if isinstance(x, str) and x.startswith("rbln"):
+        return "cpu"
     return x
 
 
@@ -122,22 +140,34 @@ def test_opinfo(op, dtype, request):
     old = signal.signal(signal.SIGALRM, _alarm)
     try:
         ran = 0
-        for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
-            if limit is not None and ran >= limit:
+        # samples are built for the device under test (as PyTorch's device tests do: the
+        # sample function decides which operands live on the device); the CPU runs copies
+        samples = op.sample_inputs("rbln", dtype, requires_grad=False)
+        while limit is None or ran < limit:
+            signal.alarm(SAMPLE_TIMEOUT_S)
+            try:
+                sample = next(samples)
+            except StopIteration:
                 break
+            except Exception as e:  # noqa: BLE001 - building the sample on rbln failed
+                failures.append(f"sample on rbln: {type(e).__name__}: {e}")
+                ran += 1                # counted as a sample that does not match
+                stats["ran"] += 1
+                break
+            finally:
+                signal.alarm(0)
             try:
                 torch.manual_seed(0)
-                expected = op(sample.input, *sample.args, **sample.kwargs)
+                expected = op(_to_cpu(sample.input), *_to_cpu(sample.args),
+                              **_to_cpu(sample.kwargs))
             except Exception:
                 continue            # the CPU cannot run this sample: not counted
             ran += 1
             stats["ran"] += 1
             signal.alarm(SAMPLE_TIMEOUT_S)
             try:
-                inp, args, kwargs = _to(sample.input, "rbln"), _to(sample.args, "rbln"), \
-                    _to(sample.kwargs, "rbln")
                 torch.manual_seed(0)
-                actual = op(inp, *args, **kwargs)
+                actual = op(sample.input, *sample.args, **sample.kwargs)
                 _compare(actual, expected, dtype, random_op)
             except Exception as e:  # noqa: BLE001 - every failure is reported below
                 failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -166,10 +196,12 @@ def pytest_sessionfinish_report():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _report():
+def _report(request):
     yield
     lines = pytest_sessionfinish_report()
-    print("\nOpInfo on rbln vs CPU:\n  " + "\n  ".join(lines))
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\nOpInfo on rbln vs CPU:\n  " + "\n  ".join(lines))
     path = os.environ.get("TORCH_RBLN_OPINFO_REPORT")
     if path:
         with open(path, "w") as f:

@@ -61,6 +61,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("torch.ops.aten.as_strided.default._handle", "views of fallback outputs"),
     Hook("torch._C._DispatchOperatorHandle.redispatch_boxed", "boxed redispatch of view ops"),
     Hook("torch._C._len_torch_dispatch_stack", "dispatch-mode pre-dispatch check"),
+    Hook("torch._C.TensorType", "reading operator schemas in the CPU fallback"),
     Hook("torch._C._AutoDispatchBelowAutograd", "device kernels that bypass autograd"),
     Hook("torch._C._nn._parse_to", "Module.to(rbln) keeps tied parameters tied"),
     Hook("torch.nn.Module._apply", "Module.to(rbln) keeps tied parameters tied"),

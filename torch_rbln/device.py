@@ -43,7 +43,7 @@ def device_count() -> int:
 def physical_device_count() -> int:
     """Physical NPUs visible to this process, regardless of grouping."""
     try:
-        return len(devices.plan().visible)
+        return len(devices.visible())
     except Exception:
         return 0
 

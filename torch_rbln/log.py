@@ -81,13 +81,45 @@ def user_stacklevel() -> int:
     return 1
 
 
+def _user_frame():
+    """The first frame outside torch and this package (the user's own source line)."""
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_PKG_DIR) or fn.startswith(_TORCH_DIR) or fn.startswith("<frozen")):
+            return f
+        f = f.f_back
+    return None
+
+
+def _warn_trace() -> None:
+    """``UserWarning("TRACE")`` attributed to the user's line, named relative to the working
+    directory when it lies below it (``sin_demo.py:5``, as the reference prints it)."""
+    f = _user_frame()
+    if f is None:
+        warnings.warn("TRACE", UserWarning, stacklevel=2)
+        return
+    path = f.f_code.co_filename
+    if os.path.isabs(path):
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            path = rel
+    g = f.f_globals
+    warnings.warn_explicit("TRACE", UserWarning, path, f.f_lineno, module=g.get("__name__"),
+                           registry=g.setdefault("__warningregistry__", {}), module_globals=g)
+
+
 def _on_event(kind: str, key: str, amount: int) -> None:
     if kind not in ("cpu_fallback", "host_op"):
         return
     logger.info("`%s` op ran on CPU instead of RBLN", _schema_name(key))
     # the TRACE warning is also written to the log at WARNING, like the reference
     logger.warning("TRACE")
-    warnings.warn("TRACE", UserWarning, stacklevel=user_stacklevel())
+    _warn_trace()
 
 
 def on_mapping_committed(plan) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import threading
 import warnings
@@ -131,15 +132,28 @@ def _nonfinite_scalar(op_args, scalars) -> bool:
     return False
 
 
+# Both live variables are read on every dispatch; while a variable is unset (the common case)
+# that costs one lookup in the environment's own mapping.
+_ENV = getattr(os.environ, "_data", None)
+_DEV_KEY, _DEPLOY_KEY = b"TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK", b"TORCH_RBLN_DEPLOY"
+
+
+def _deploy() -> bool:
+    if _ENV is not None and _DEPLOY_KEY not in _ENV:
+        return False
+    return config.live("TORCH_RBLN_DEPLOY")
+
+
 def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwargs) -> str | None:
     """The reason this op instance cannot run on the NPU, or None.
 
     ``tensors``: the rbln tensor operands, passed directly (TensorLists are not operands here,
     which also exempts them from the 64-alignment rule); ``dtype_tensors``: the operands the
     dtype check sees; ``scalars``: wrapped Python scalars (CPU 0-dim tensors)."""
-    off = _disabled()
-    if off:
-        return _check_slow(entry, tensors, dtype_tensors, scalars, op_args, kwargs, off)
+    if _ENV is None or _DEV_KEY in _ENV:
+        off = _disabled()
+        if off:
+            return _check_slow(entry, tensors, dtype_tensors, scalars, op_args, kwargs, off)
     if sys.gettrace() is not None:
         return "trace"
     if _len_dispatch_stack():
@@ -159,7 +173,7 @@ def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwa
     for t in tensors:
         if t.storage_offset() and t.is_contiguous():
             return "storage-offset"
-    if not config.live("TORCH_RBLN_DEPLOY"):
+    if not _deploy():
         for t in tensors:
             if has_nonfinite(t):
                 return "nan/inf input"
@@ -184,7 +198,7 @@ def _check_slow(entry, tensors, dtype_tensors, scalars, op_args, kwargs, off) ->
         return "all-scalar inputs"
     if "storage_offset" not in off and any(t.storage_offset() and t.is_contiguous() for t in tensors):
         return "storage-offset"
-    if "nan_inf" not in off and not config.live("TORCH_RBLN_DEPLOY"):
+    if "nan_inf" not in off and not _deploy():
         if any(has_nonfinite(t) for t in tensors) or _nonfinite_scalar(op_args, scalars):
             return "nan/inf input"
     if "reentrant" not in off and getattr(_tls, "depth", 0):

@@ -125,7 +125,10 @@ def make_kernel(entry: OpEntry, registered_name: str):
     body = custom if custom is not None else fn          # what the compiler lowers
     kernel_form = entry.kernel
     skip = entry.skip_dtype
-    operands = entry.operands or None
+    # positional slots that hold tensors (the schema's Tensor / Tensor? arguments)
+    slots = entry.operands or tuple(
+        i for i, a in enumerate(registered._schema.arguments) if not a.kwarg_only
+        and "Tensor" in str(a.type) and "[]" not in str(a.type))
     gate = GATES.get(entry.name)
     fast = entry.fast_path or custom is not None         # custom programs run on host views too
 
@@ -158,8 +161,12 @@ def make_kernel(entry: OpEntry, registered_name: str):
         tensors, dtype_tensors, scalars = [], [], []
         index = None
         empty = False
-        for i, a in enumerate(args):
-            if not isinstance(a, _Tensor) or (operands is not None and i not in operands):
+        n = len(args)
+        for i in slots:
+            if i >= n:
+                break
+            a = args[i]
+            if not isinstance(a, _Tensor):
                 continue
             if a.device.type == "rbln":
                 tensors.append(a)

@@ -74,7 +74,7 @@ def _mark_written(op: torch._ops.OpOverload, args, kwargs, ctx: _Ctx) -> None:
 def _sync_back(t: torch.Tensor, ctx: _Ctx) -> None:
     buf = buffer_of(t)
     a = next((a for a, r in ctx.outs if r is t), None)
-    if a is not None and a.data_ptr() != buf.host_alias(t).data_ptr():
+    if a is not None:
         # an out= stand-in: bring its data (and any resize the kernel did) into the rbln tensor
         if a.shape != t.shape:
             factories.resize_(t, a.shape)
@@ -100,6 +100,9 @@ def _to_rbln(x, ctx: _Ctx):
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             return x
+        if x.is_conj() or x.is_neg():
+            # lazy conjugate/negative views cannot cross into an rbln tensor: materialise
+            x = x.resolve_conj().resolve_neg()
         for a, r in ctx.outs + ctx.aliases:
             if x is a:
                 return r
@@ -154,11 +157,30 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     name = op.name()
     if name in _HOST_TWIN:
         out = _run_twin(name, cpu_args, cpu_kwargs)
+    elif _number_in_tensor_slot(op, cpu_args):
+        # a wrapped Python scalar reached us as a plain number: let the overload packet pick
+        # the Scalar overload, which gives it the same (wrapped-number) type promotion
+        out = op.overloadpacket(*cpu_args, **cpu_kwargs)
     else:
         out = op(*cpu_args, **cpu_kwargs)
     if op._schema.is_mutable:
         _mark_written(op, args, kwargs, ctx)
     return _to_rbln(out, ctx)
+
+
+_TENSOR_SLOTS: dict = {}
+
+
+def _number_in_tensor_slot(op, args) -> bool:
+    slots = _TENSOR_SLOTS.get(op)
+    if slots is None:
+        slots = _TENSOR_SLOTS[op] = tuple(
+            i for i, a in enumerate(op._schema.arguments)
+            if not a.kwarg_only and isinstance(a.type, torch._C.TensorType))
+    for i in slots:
+        if i < len(args) and isinstance(args[i], (int, float, bool, complex)):
+            return True
+    return False
 
 
 def _run_twin(name, args, kwargs):

@@ -5,7 +5,8 @@
 checks, never compile, and run *where their data is*: if any source holds its latest data on
 the device (device-latest or synced) the op runs on the device (host-latest sources are pushed
 first) and the result is device-latest; if every source is host-latest (a tensor just created
-or filled from the host) the op runs on the host views and nothing crosses. Device-side batched
+or filled from the host) the op runs on the host views and nothing crosses. ``fill_`` and
+``zero_`` read nothing: they write on the device only into device-latest storage. Device-side batched
 copies are accounted as the runtime's ``v2v_multi`` / ``v2v`` primitives.
 
 A batched copy the runtime cannot plan (sources of different dtypes, or a CPU tensor among
@@ -22,7 +23,7 @@ import torch
 
 from .. import config, events
 from ..runtime import devices
-from ..runtime.storage import HOST, buffer_of
+from ..runtime.storage import DEVICE, HOST, buffer_of
 from . import device_op, factories, fallback
 from .copy import covers
 
@@ -116,7 +117,9 @@ def cat_out(tensors, dim=0, *, out):
 
 def cat(tensors, dim=0):
     ts = list(tensors)
-    dtype = torch.result_type(*ts) if len(ts) > 1 else ts[0].dtype
+    dtype = ts[0].dtype
+    for t in ts[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
     out = factories.empty_memory_format((0,), dtype=dtype, device=ts[0].device)
     return cat_out(ts, dim, out=out)
 
@@ -172,12 +175,12 @@ def _fill(self, value):
         return self
     buf = buffer_of(self)
     whole = covers(self, buf)
-    if buf.state == HOST:
-        buf.host_write(whole=whole)
-        buf.host_alias(self).fill_(value)
-    else:
+    if buf.state == DEVICE:
         buf.device_write(whole=whole)
         buf.device_alias(self).fill_(value)
+    else:                   # host-latest or synced: the host copy is current, write it there
+        buf.host_write(whole=whole)
+        buf.host_alias(self).fill_(value)
     return self
 
 

@@ -61,7 +61,8 @@ class _Linear(torch.autograd.Function):
         need = ctx.needs_input_grad
         mask = [need[0], need[1], ctx.has_bias and need[2]]
         dx, dw, db = _linear_backward(x, grad, weight, mask)
-        return dx, dw, db
+        # traced (torch.compile), the op's meta kernel returns all three whatever the mask
+        return tuple(g if m else None for g, m in zip((dx, dw, db), mask))
 
 
 def linear_autograd(x, weight, bias=None):

@@ -8,7 +8,8 @@ Pipeline per Dynamo graph (one compile id, ``"0/0"``, ``"0/1"`` ...):
    device and host partitions (``split.py``).
 3. Each device partition is compiled to fused code by Inductor's C++ backend, on CPU example
    inputs made inside the graph's own fake mode, and runs as one launch on the device buffers;
-   host partitions run op by op on the host views (``runners.py``).
+   host partitions run op by op on the host views (``runners.py``; graph rewrites for both
+   in ``rewrite.py``).
 
 Each compiled aten graph is one ``recompile`` event keyed ``graph <compile id>`` (the backward
 ``graph <compile id> backward``) carrying its compile time, and one :class:`CompiledProgram` for
@@ -25,10 +26,10 @@ import torch
 import torch.fx
 
 from .. import events
-from ..dispatch.optable import DEVICE_OPS
 from ..runtime import devices
 from . import programs, split
-from .runners import DevicePartition, HostPartition, fp32_matmuls, to_cpu_devices
+from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels
+from .runners import DevicePartition, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
 
@@ -73,7 +74,7 @@ class GraphProgram:
     def __call__(self, args):
         if self.stale:
             self.build()
-        for p in self.device_parts:
+        for _ in self.device_parts:           # one launch per device partition
             events.record("dispatch", self.key)
             events.record("warm_hit", self.key)
         return self.outer(*args)
@@ -88,29 +89,6 @@ def _check_options(options: dict | None) -> dict:
     if n != 1:
         raise NotImplementedError(f"a graph over {n} devices; torch-rbln runs graphs on one device")
     return options
-
-
-def _decompositions() -> dict:
-    """Composite ops the rbln backend registers a kernel for (``linear``) would otherwise stay
-    whole in the traced graph, and their backward (``linear_backward``) has no host kernel:
-    trace them through their composite definition instead, as PyTorch does for the CPU."""
-    table = {}
-    for e in DEVICE_OPS:
-        packet, _, ov = e.name.partition(".")
-        op = getattr(getattr(torch.ops.aten, packet), ov or "default")
-        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
-            table[op] = op.decompose
-    table[torch.ops.aten.linear_backward.default] = _linear_backward
-    return table
-
-
-def _linear_backward(x, grad, weight, mask):
-    # the backward autograd records for the rbln `linear` kernel; only PrivateUse1 has a kernel
-    g2 = grad.reshape(-1, grad.shape[-1])
-    gi = grad @ weight if mask[0] else None
-    gw = g2.t() @ x.reshape(-1, x.shape[-1]) if mask[1] else None
-    gb = g2.sum(0) if mask[2] else None
-    return gi, gw, gb
 
 
 def _target_device(example_inputs) -> torch.device:
@@ -165,30 +143,43 @@ def _specs(gm: torch.fx.GraphModule):
     return tuple(ins), tuple(outs)
 
 
+def _results_as_rbln(gm: torch.fx.GraphModule, index: int) -> None:
+    """Route the graph's results through :class:`Results` (staged values -> rbln tensors)."""
+    out = gm.graph.output_node()
+    values = out.args[0]
+    gm.add_module("results", Results(index))
+    with gm.graph.inserting_before(out):
+        node = gm.graph.call_module("results", tuple(values))
+    out.args = (node,)
+    gm.recompile()
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str,
                   device: torch.device, scopes: tuple = ()) -> GraphProgram:
     """Place, split and compile one aten graph."""
     t0 = time.perf_counter_ns()
     fake_mode = torch._guards.detect_fake_mode(example_inputs)
     input_specs, output_specs = _specs(gm)
-    gm, placed, dev_names, host_names = split.split(gm)
+    placed, dev_names = split.split(gm)
     index = device.index or 0
     device_parts, host_ops = [], []
     for node in gm.graph.find_nodes(op="call_module"):
         sub = getattr(gm, node.target)
+        use_custom_kernels(sub, placed)
         rbln_out = _rbln_outputs(sub)
         if node.target in dev_names:
             fakes = [a.meta.get("val") for a in node.args]
-            part = DevicePartition(node.target, rbln_out, index,
+            part = DevicePartition(node.target, rbln_out,
                                    lambda sub=sub, fakes=fakes: _inductor(sub, fakes, fake_mode))
             part.build()
             device_parts.append(part)
         else:
             to_cpu_devices(sub)
             ops = split.placements_of(sub, placed)
-            part = HostPartition(node.target, rbln_out, index, sub, ops)
+            part = HostPartition(node.target, rbln_out, sub, ops)
             host_ops.extend((p.op, p.reason) for p in part.ops)
         setattr(gm, node.target, part)
+    _results_as_rbln(gm, index)
     key = f"graph {name}" + (" backward" if kind == "backward" else "")
     program = GraphProgram(name, key, gm, device_parts)
     _live.add(program)
@@ -219,5 +210,4 @@ def rbln_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
         return fn
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                        inference_compiler=compiler("inference"),
-                        decompositions=_decompositions())(gm, example_inputs)
+                        inference_compiler=compiler("inference"))(gm, example_inputs)

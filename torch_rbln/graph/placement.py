@@ -16,22 +16,23 @@ as in eager where they are not device-table ops either.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
 import torch.fx
 
 from ..dispatch import checks
-from ..dispatch.optable import DEVICE_OPS, OpEntry
+from ..dispatch.device_op import GATES
+from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry
+from ..runtime import lowering
 
 NO_KERNEL = "no-device-kernel"
 
 aten = torch.ops.aten
 # data movement and allocation: the device and the host both do it without an op-table kernel
 _FREE_OPS = frozenset({
-    aten.clone.default, aten._to_copy.default, aten.copy.default, aten.detach.default,
-    aten.lift_fresh_copy.default, aten.empty_like.default, aten.zeros_like.default,
+    aten._unsafe_view.default, aten.clone.default, aten._to_copy.default, aten.copy.default,
+    aten.detach.default, aten.lift_fresh_copy.default, aten.empty_like.default, aten.zeros_like.default,
     aten.ones_like.default, aten.full_like.default, aten.new_empty.default,
     aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.fill.Scalar,
 })
@@ -42,19 +43,27 @@ class Placement:
     where: str              # "device", "host" or "free"
     op: str = ""            # the name reports use (the eager kernel's, e.g. ``aten::mul.out``)
     reason: str = ""        # why a host node is not on the device
+    kernel: str = ""        # a custom program body (``runtime/lowering.py``), on either side
 
 
 FREE = Placement("free")
 
 
+def _overload(name: str):
+    packet, _, ov = name.partition(".")
+    return getattr(getattr(aten, packet), ov or "default")
+
+
 def _entries_by_fn() -> dict:
-    """functional overload -> op-table entry, preferring the entry registered under that name."""
+    """traced overload -> op-table entry: the functional form and the aliases of each entry,
+    preferring the entry registered under the overload's own name."""
     table: dict = {}
     for e in DEVICE_OPS:
+        for name in (e.fn, *e.aliases):
+            fn = _overload(name)
+            if fn not in table or e.name == name:
+                table[fn] = e
         packet, _, ov = e.fn.partition(".")
-        fn = getattr(getattr(aten, packet), ov or "default")
-        if fn not in table or e.name == e.fn:
-            table[fn] = e
         if ov == "Tensor" and hasattr(getattr(aten, packet), "Scalar"):
             # traced graphs keep Python scalars as `.Scalar` overloads; eager wraps them into
             # 0-dim tensors and reaches the same kernel
@@ -63,15 +72,23 @@ def _entries_by_fn() -> dict:
 
 
 _BY_FN = _entries_by_fn()
+# data movement the device's copy engine runs natively, any dtype, no checks
+_NATIVE = frozenset(_overload(n).overloadpacket for n in NATIVE_OPS)
 
 
-def _tensor_args(node: torch.fx.Node):
-    """(position, fake value) of the tensors passed directly as positional arguments."""
+def _val(a):
+    return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+
+def _tensor_args(node: torch.fx.Node, operands: tuple = ()):
+    """(position, fake value) of the tensors passed directly as positional arguments (only
+    those at ``operands`` when given)."""
     for i, a in enumerate(node.args):
-        if isinstance(a, torch.fx.Node):
-            v = a.meta.get("val")
-            if isinstance(v, torch.Tensor):
-                yield i, v
+        if operands and i not in operands:
+            continue
+        v = _val(a)
+        if isinstance(v, torch.Tensor):
+            yield i, v
 
 
 def _is_factory(op: torch._ops.OpOverload) -> bool:
@@ -81,8 +98,15 @@ def _is_factory(op: torch._ops.OpOverload) -> bool:
 
 def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
     """The eager pre-dispatch checks a graph can decide; the reason code or None."""
+    gate = GATES.get(entry.name)
+    if gate is not None:
+        args = torch.fx.node.map_aggregate(node.args, _val)
+        kwargs = torch.fx.node.map_aggregate(node.kwargs, _val)
+        reason = gate(args, kwargs)
+        if reason is not None:
+            return reason
     tensors, dtype_tensors = [], []
-    for i, v in _tensor_args(node):
+    for i, v in _tensor_args(node, entry.operands):
         if v.device.type != "rbln" and v.dim() == 0:
             continue                      # a CPU 0-dim tensor is a scalar operand
         tensors.append(v)
@@ -117,22 +141,23 @@ def place(node: torch.fx.Node) -> Placement:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return FREE                       # getitem, SymInt arithmetic
-    if target.is_view or target in _FREE_OPS or _is_factory(target):
+    if not isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)):
+        return FREE                       # sizes of dynamic shapes (sym_size ...)
+    if (target.is_view or target in _FREE_OPS or target.overloadpacket in _NATIVE
+            or _is_factory(target)):
         return FREE
     entry = _BY_FN.get(target)
     if entry is None:
         return Placement("host", target.name(), NO_KERNEL)
     op = "aten::" + entry.name
+    kernel = entry.kernel if entry.kernel in lowering.CUSTOM else ""
     reason = _check(entry, node)
     if reason is not None:
-        return Placement("host", op, reason)
-    return Placement("device", op)
+        return Placement("host", op, reason, kernel)
+    return Placement("device", op, "", kernel)
 
 
 def place_graph(gm: torch.fx.GraphModule) -> dict:
     """node -> Placement for every ``call_function`` node."""
     return {n: place(n) for n in gm.graph.nodes if n.op == "call_function"}
 
-
-def is_getitem(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem

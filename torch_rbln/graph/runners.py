@@ -1,10 +1,15 @@
 """Partition runners: one launch on device buffers, or a host run reported like eager fallbacks.
 
-Values between partitions are rbln tensors, so every crossing goes through the residency rules
-of ``runtime/storage.py``: a device partition reads its inputs on the device (an ``h2d`` push
-only if the host holds the latest data) and its results become device-latest buffers; a host
-partition reads its inputs on the host (a physical ``d2h`` only if the device holds the latest
-data) and its results are host-latest.
+Residency follows the rules of ``runtime/storage.py`` at every crossing:
+
+* graph inputs are rbln tensors: a device partition reads them on the device (``device_read``:
+  an ``h2d`` push only if the host holds the latest data), a host partition on the host
+  (``host_read``: a physical ``d2h`` only if the device holds the latest data);
+* values passed between partitions of one call are :class:`Staged`: the same three states and
+  the same ``h2d``/``d2h`` events, kept without an rbln storage (they are never visible to the
+  user and never written, so both sides may share one memory: the per-crossing cost is a
+  state check instead of an allocation and a copy);
+* graph results become rbln tensors (:class:`Results`) whose Buffer holds the state reached.
 """
 
 from __future__ import annotations
@@ -12,53 +17,15 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.fx
 
 from .. import events
-from ..runtime.storage import CPU_KEYSET, buffer_of, new_tensor, storage_nbytes, wrap_host
+from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, buffer_of, new_tensor,
+                               storage_nbytes, wrap_host)
 from .placement import NO_KERNEL, Placement
 
 _record = events.record
 _perf_ns = time.perf_counter_ns
 _as_strided = torch.ops.aten.as_strided.default._handle
-_CPU = torch.device("cpu")
-
-
-def to_cpu_devices(gm: torch.fx.GraphModule) -> None:
-    """Rewrite ``device=rbln`` constants to the CPU: partitions compute on CPU tensors over the
-    device buffers (or the host views)."""
-    def fix(v):
-        if isinstance(v, torch.device) and v.type == "rbln":
-            return _CPU
-        return v
-
-    for n in gm.graph.nodes:
-        n.args = torch.fx.node.map_aggregate(n.args, fix)
-        n.kwargs = torch.fx.node.map_aggregate(n.kwargs, fix)
-    gm.recompile()
-
-
-_MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
-                      torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default})
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def fp32_matmuls(gm: torch.fx.GraphModule) -> None:
-    """Give half-precision matmuls the NPU's numerics explicitly: operands widened to fp32,
-    fp32 accumulation, the result rounded once. The host CPU has no half-precision GEMM (it
-    runs ~7x slower than fp32 here), so this is also what makes device programs fast."""
-    g = gm.graph
-    for n in list(g.nodes):
-        v = n.meta.get("val")
-        if n.op != "call_function" or n.target not in _MATMULS or getattr(v, "dtype", None) not in _HALF:
-            continue
-        with g.inserting_before(n):
-            n.args = tuple(g.call_function(torch.ops.aten._to_copy.default, (a,), {"dtype": torch.float32})
-                           if isinstance(a, torch.fx.Node) else a for a in n.args)
-        with g.inserting_after(n):
-            back = g.call_function(torch.ops.aten._to_copy.default, (n,), {"dtype": v.dtype})
-        n.replace_all_uses_with(back, delete_user_cb=lambda u: u is not back)
-    gm.recompile()
 
 
 def _owns_storage(t: torch.Tensor) -> bool:
@@ -66,48 +33,65 @@ def _owns_storage(t: torch.Tensor) -> bool:
             == storage_nbytes(t.size(), t.stride(), t.element_size()))
 
 
+class Staged:
+    """A value between two partitions of one graph call, with its residency state."""
+
+    __slots__ = ("t", "state", "on_device")
+
+    def __init__(self, t: torch.Tensor, on_device: bool):
+        self.t = t                    # CPU tensor over the value's memory
+        self.on_device = on_device    # made by a device program (else by the host)
+        self.state = DEVICE if on_device else HOST
+
+    def read(self, device_side: bool) -> torch.Tensor:
+        if self.state != SYNCED and (self.state == HOST) == device_side:
+            t = self.t
+            _record("h2d" if device_side else "d2h", "",
+                    storage_nbytes(t.size(), t.stride(), t.element_size()))
+            self.state = SYNCED
+        return self.t
+
+
 class _Partition(torch.nn.Module):
-    """Common part: bind rbln inputs to CPU aliases, run, turn results into rbln tensors."""
+    """Common part: bind inputs to CPU tensors on this side, run, stage the results."""
 
     device_side: bool
 
-    def __init__(self, name: str, rbln_out: tuple, index: int):
+    def __init__(self, name: str, rbln_out: tuple):
         super().__init__()
         self.name = name
         self.rbln_out = rbln_out     # per result: does the graph expect it on rbln?
-        self.index = index
 
     def _bind(self, args):
-        cpu_args, owners, index = [], {}, None
+        cpu_args, owners = [], {}
+        device_side = self.device_side
         for a in args:
-            if isinstance(a, torch.Tensor) and a.device.type == "rbln":
+            if type(a) is Staged:
+                a = a.read(device_side)
+            elif isinstance(a, torch.Tensor) and a.device.type == "rbln":
                 b = buffer_of(a)
-                if self.device_side:
+                if device_side:
                     b.device_read()
                     c = b.device_alias(a)
                 else:
                     b.host_read()
                     c = b.host_alias(a)
                 owners.setdefault(c.untyped_storage().data_ptr(), a)
-                if index is None:
-                    index = b.index
                 a = c
             cpu_args.append(a)
-        return cpu_args, owners, self.index if index is None else index
+        return cpu_args, owners
 
-    def _deliver(self, outs, owners, index):
+    def _deliver(self, outs, owners):
         res = []
         for o, on_rbln in zip(outs, self.rbln_out):
             if isinstance(o, torch.Tensor) and on_rbln:
-                owner = owners.get(o.untyped_storage().data_ptr())
+                owner = owners.get(o.untyped_storage().data_ptr()) if owners else None
                 if owner is not None:
-                    # a view of an input: the same view of the rbln input
+                    # a view of a graph input: the same view of the rbln input
                     o = _as_strided.redispatch_boxed(CPU_KEYSET, owner, o.size(), o.stride(),
                                                      o.storage_offset())
                 else:
-                    if not _owns_storage(o):
-                        o = o.clone(memory_format=torch.contiguous_format)
-                    o = self._adopt(o, index)
+                    o = Staged(o, self.device_side)
             res.append(o)
         return tuple(res)
 
@@ -117,8 +101,8 @@ class DevicePartition(_Partition):
 
     device_side = True
 
-    def __init__(self, name, rbln_out, index, compile_fn):
-        super().__init__(name, rbln_out, index)
+    def __init__(self, name, rbln_out, compile_fn):
+        super().__init__(name, rbln_out)
         self.compile_fn = compile_fn    # () -> callable on CPU tensors
         self.fn = None
 
@@ -128,15 +112,9 @@ class DevicePartition(_Partition):
     def drop(self) -> None:
         self.fn = None
 
-    @staticmethod
-    def _adopt(o, index):
-        t = new_tensor(tuple(o.size()), tuple(o.stride()), o.dtype, index)
-        buffer_of(t).adopt_device(o)
-        return t
-
     def forward(self, *args):
-        cpu_args, owners, index = self._bind(args)
-        return self._deliver(self.fn(*cpu_args), owners, index)
+        cpu_args, owners = self._bind(args)
+        return self._deliver(self.fn(*cpu_args), owners)
 
 
 class HostPartition(_Partition):
@@ -145,20 +123,15 @@ class HostPartition(_Partition):
 
     device_side = False
 
-    def __init__(self, name, rbln_out, index, gm: torch.fx.GraphModule, ops: list[Placement]):
-        super().__init__(name, rbln_out, index)
+    def __init__(self, name, rbln_out, gm: torch.fx.GraphModule, ops: list[Placement]):
+        super().__init__(name, rbln_out)
         self.gm = gm
         self.ops = [p for p in ops if p.where == "host"]
 
-    @staticmethod
-    def _adopt(o, index):
-        return wrap_host(o, index)
-
     def forward(self, *args):
-        cpu_args, owners, index = self._bind(args)
+        cpu_args, owners = self._bind(args)
         t0 = _perf_ns()
-        outs = self.gm(*cpu_args)
-        res = self._deliver(outs, owners, index)
+        res = self._deliver(self.gm(*cpu_args), owners)
         if self.ops:
             share = (_perf_ns() - t0) // len(self.ops)
             for p in self.ops:
@@ -167,3 +140,39 @@ class HostPartition(_Partition):
                 _record("cpu_fallback_reason", p.reason)
                 _record("cpu_fallback", p.op, share)
         return res
+
+
+class Results(torch.nn.Module):
+    """The graph's results as rbln tensors; each Buffer takes the state its value reached."""
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.index = index
+
+    def _materialize(self, s: Staged) -> torch.Tensor:
+        o = s.t if _owns_storage(s.t) else s.t.clone(memory_format=torch.contiguous_format)
+        if s.on_device:
+            t = new_tensor(tuple(o.size()), tuple(o.stride()), o.dtype, self.index)
+            b = buffer_of(t)
+            b.adopt_device(o)
+            if s.state == SYNCED:             # the host already holds a copy too
+                b.host_alias(t).copy_(o)
+        else:
+            t = wrap_host(o, self.index)
+            b = buffer_of(t)
+            if s.state == SYNCED:             # the device already holds a copy too
+                b.adopt_device(o.clone())
+        b.state = s.state
+        return t
+
+    def forward(self, *values):
+        done: dict = {}
+        out = []
+        for v in values:
+            if type(v) is Staged:
+                t = done.get(id(v))
+                if t is None:
+                    t = done[id(v)] = self._materialize(v)
+                v = t
+            out.append(v)
+        return tuple(out)

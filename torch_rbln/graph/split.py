@@ -32,8 +32,8 @@ def _is_tensor_node(node: torch.fx.Node) -> bool:
 
 
 def _fuse(gm, pred, keep, prefix: str) -> list[str]:
-    parts = CapabilityBasedPartitioner(gm, _Support(pred), allows_single_node_partition=True,
-                                       ).propose_partitions()
+    parts = CapabilityBasedPartitioner(gm, _Support(pred),
+                                       allows_single_node_partition=True).propose_partitions()
     parts = [p for p in parts if keep(p.nodes)]
     if not parts:
         return []
@@ -45,9 +45,9 @@ def _fuse(gm, pred, keep, prefix: str) -> list[str]:
     return [f"{prefix}{i}" for i in range(len(parts))]
 
 
-def split(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict, list, list]:
-    """Partition ``gm`` in place. Returns (gm, placements, device module names, host module
-    names); placements maps each original node *name* to its :class:`Placement`."""
+def split(gm: torch.fx.GraphModule) -> tuple[dict, list]:
+    """Partition ``gm`` in place into ``device_<i>`` and ``host_<j>`` submodules. Returns the
+    placement of each original node (by node *name*) and the device submodules' names."""
     placed = place_graph(gm)
     by_name = {n.name: p for n, p in placed.items()}
 
@@ -61,14 +61,15 @@ def split(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict, list, l
                    "device_")
     # whatever computes outside a device partition runs on the host; the getitems that unpack a
     # device partition's results stay in the outer graph
+
     def on_host(n):
         return not (n.target is operator.getitem
                     and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "call_module")
 
-    host = _fuse(gm, on_host, lambda nodes: True, "host_")
+    _fuse(gm, on_host, lambda nodes: True, "host_")
     gm.graph.lint()
     gm.recompile()
-    return gm, by_name, device, host
+    return by_name, device
 
 
 def placements_of(sub: torch.fx.GraphModule, by_name: dict) -> list[Placement]:

@@ -51,10 +51,17 @@ def fp32(fn, out_meta):
 # ------------------------------------------------------------------------------------------
 # attention
 
+def _bmm(a, b):
+    """Batched matmul over all leading dims, written as the matrix unit's ``bmm`` (tracing
+    ``torch.matmul`` would pull in symbolic-shape machinery for nothing)."""
+    lead = a.shape[:-2]
+    out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+    return out.reshape(*lead, a.shape[-2], b.shape[-1])
+
 def _scores(q, k, attn_bias, is_causal, scale):
     """fp32 attention logits ``q @ kᵀ * scale + mask`` (GQA: k heads repeated)."""
     k = _repeat_kv(k, q.shape[-3])
-    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    s = _bmm(q, k.transpose(-2, -1)) * scale
     L, S = q.shape[-2], k.shape[-2]
     if is_causal:   # top-left aligned, as the math backend builds it
         rows = torch.arange(L, device=q.device).unsqueeze(-1)
@@ -96,7 +103,7 @@ def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
     # a fully masked row gives NaN in softmax; the math backend does the same
     if dropout_p > 0.0:
         w = torch.nn.functional.dropout(w, dropout_p)
-    out = torch.matmul(w, _repeat_kv(v.to(_f32), q.shape[-3])).to(dtype)
+    out = _bmm(w, _repeat_kv(v.to(_f32), q.shape[-3])).to(dtype)
     B, H, L = q.shape[0], q.shape[1], q.shape[2]
     S = k.shape[-2]
     debug = w.to(dtype) if return_debug_mask else torch.empty(0, dtype=dtype)
@@ -124,11 +131,11 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
     qf, kf, vf, go = q.to(_f32), k.to(_f32), v.to(_f32), grad_out.to(_f32)
     w = torch.softmax(_scores(qf, kf, attn_bias, is_causal, sc), -1)
     kr, vr = _repeat_kv(kf, h), _repeat_kv(vf, h)
-    dv = _sum_heads(torch.matmul(w.transpose(-2, -1), go), hk)
-    dw = torch.matmul(go, vr.transpose(-2, -1))
+    dv = _sum_heads(_bmm(w.transpose(-2, -1), go), hk)
+    dw = _bmm(go, vr.transpose(-2, -1))
     ds = w * (dw - (dw * w).sum(-1, keepdim=True))        # grad of the logits
-    dq = torch.matmul(ds, kr) * sc
-    dk = _sum_heads(torch.matmul(ds.transpose(-2, -1), qf) * sc, hk)
+    dq = _bmm(ds, kr) * sc
+    dk = _sum_heads(_bmm(ds.transpose(-2, -1), qf) * sc, hk)
     dbias = None
     if attn_bias is not None and attn_bias.dtype != torch.bool and grad_input_mask[3]:
         dbias = _reduce_to(ds, attn_bias.shape).to(attn_bias.dtype)
@@ -146,11 +153,12 @@ def linear_backward(x, grad_output, weight, output_mask):
         raise ValueError(f"linear_backward: output_mask needs 3 entries, got {list(output_mask)}")
     dtype = x.dtype
     gy = grad_output.to(_f32)
-    dx = torch.matmul(gy, weight.to(_f32)).to(dtype) if output_mask[0] else None
+    dx = torch.mm(gy.reshape(-1, gy.shape[-1]), weight.to(_f32)).reshape(
+        *x.shape[:-1], weight.shape[-1]).to(dtype) if output_mask[0] else None
     dw = db = None
     if output_mask[1]:
         gy2 = gy.reshape(-1, gy.shape[-1])
-        dw = gy2.t().matmul(x.to(_f32).reshape(-1, x.shape[-1])).to(weight.dtype)
+        dw = torch.mm(gy2.t(), x.to(_f32).reshape(-1, x.shape[-1])).to(weight.dtype)
     if output_mask[2]:
         db = gy.reshape(-1, gy.shape[-1]).sum(0).to(grad_output.dtype)
     return dx, dw, db

@@ -44,17 +44,20 @@ _record = events.record
 
 
 class HostPool:
-    """Recycles host views by rounded size so creating a tensor rarely calls the allocator."""
+    """Recycles host views by rounded size so creating a tensor rarely calls the allocator.
+
+    Each entry keeps its flat typed views (``Buffer._hflat``) too, so a recycled host view
+    does not rebuild them."""
 
     ROUND = 64
     LIMIT = 256 << 20
 
     def __init__(self):
-        self._free: dict[int, list[torch.Tensor]] = {}
+        self._free: dict[int, list[tuple[torch.Tensor, dict]]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, nbytes: int) -> torch.Tensor:
+    def get(self, nbytes: int) -> tuple[torch.Tensor, dict]:
         size = max(self.ROUND, (nbytes + self.ROUND - 1) // self.ROUND * self.ROUND)
         lst = self._free.get(size)
         if lst:
@@ -62,14 +65,14 @@ class HostPool:
                 if lst:
                     self._bytes -= size
                     return lst.pop()
-        return torch.empty(size, dtype=torch.uint8)
+        return torch.empty(size, dtype=torch.uint8), {}
 
-    def put(self, mem: torch.Tensor) -> None:
+    def put(self, mem: torch.Tensor, flats: dict) -> None:
         size = mem.numel()
         if self._bytes + size > self.LIMIT or size > (16 << 20):
             return
         with self._lock:
-            self._free.setdefault(size, []).append(mem)
+            self._free.setdefault(size, []).append((mem, flats))
             self._bytes += size
 
     def clear(self) -> None:
@@ -85,14 +88,15 @@ class Buffer:
     __slots__ = ("index", "nbytes", "host", "block", "state", "pooled", "_hflat", "_dflat",
                  "scanned", "__weakref__")
 
-    def __init__(self, index: int, host: torch.Tensor, nbytes: int, pooled: bool):
+    def __init__(self, index: int, host: torch.Tensor, nbytes: int, pooled: bool,
+                 flats: dict | None = None):
         self.index = index
         self.nbytes = nbytes
         self.host = host            # CPU tensor owning the host view's memory
         self.block = None
         self.state = HOST
         self.pooled = pooled
-        self._hflat = {}            # dtype -> flat CPU tensor over the host memory
+        self._hflat = {} if flats is None else flats   # dtype -> flat CPU tensor over host
         self._dflat = {}            # dtype -> flat CPU tensor over the device block
         self.scanned = None         # dtype the NaN/Inf scan found all finite (until a write)
 
@@ -103,7 +107,7 @@ class Buffer:
                 self.block = None
                 b.arena.free(b)
             if self.pooled:
-                host_pool.put(self.host)
+                host_pool.put(self.host, self._hflat)
         except Exception:  # interpreter shutdown
             pass
 
@@ -186,13 +190,22 @@ class Buffer:
 
     def host_alias(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU tensor with ``t``'s metadata over the host view (no residency change)."""
-        return self._flat(self.host, self._hflat, t.dtype).as_strided(
-            t.size(), t.stride(), t.storage_offset())
+        return _lazy_bits(t, self._flat(self.host, self._hflat, t.dtype).as_strided(
+            t.size(), t.stride(), t.storage_offset()))
 
     def device_alias(self, t: torch.Tensor) -> torch.Tensor:
         """A CPU tensor with ``t``'s metadata over the device buffer (no residency change)."""
-        return self._flat(self.block.mem, self._dflat, t.dtype).as_strided(
-            t.size(), t.stride(), t.storage_offset())
+        return _lazy_bits(t, self._flat(self.block.mem, self._dflat, t.dtype).as_strided(
+            t.size(), t.stride(), t.storage_offset()))
+
+
+def _lazy_bits(t: torch.Tensor, alias: torch.Tensor) -> torch.Tensor:
+    """Carry ``t``'s lazy conjugate / negative bits over to its alias."""
+    if t.is_conj():
+        alias = alias.conj()
+    if t.is_neg():
+        alias = alias._neg_view()
+    return alias
 
 
 # ------------------------------------------------------------------------------------------
@@ -230,10 +243,10 @@ def storage_nbytes(size, stride, itemsize: int) -> int:
 def new_tensor(size, stride, dtype: torch.dtype, index: int) -> torch.Tensor:
     """A fresh rbln tensor: host view from the pool, device buffer booked lazily."""
     nbytes = storage_nbytes(size, stride, dtype.itemsize)
-    host = host_pool.get(nbytes)
-    cpu = Buffer._flat(host, {}, dtype).as_strided(size, stride)
+    host, flats = host_pool.get(nbytes)
+    cpu = Buffer._flat(host, flats, dtype).as_strided(size, stride)
     t = _wrap(cpu, index)
-    buf = Buffer(index, host, nbytes, True)
+    buf = Buffer(index, host, nbytes, True, flats)
     t.untyped_storage()._rbln = buf
     if config.live("TORCH_RBLN_EAGER_MALLOC"):
         buf._ensure_block()

@@ -1,0 +1,323 @@
+"""Every environment variable: its effect, its read time, and what a malformed value does.
+
+Variables are read at import, at runtime start or at commit, so each check runs in a fresh
+process (``probe``); "read at import" is shown by setting the variable *after* ``import torch``
+and seeing no effect, "live" by seeing the effect of a change mid-process. The device-mapping
+variables' effects and bad values are in test_devices.py; their read time is here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT, run_code, run_script
+from test_devices import probe
+
+FALLBACKS = """
+from torch_rbln import events
+def reasons(f):
+    before = {k: v[0] for k, v in events.counters["cpu_fallback_reason"].items()}
+    f()
+    return sorted(k for k, v in events.counters["cpu_fallback_reason"].items()
+                  if v[0] > before.get(k, 0))
+def error(f):
+    try:
+        f()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+"""
+
+
+def import_error(env: dict) -> str:
+    """stderr of a process whose ``import torch`` must fail."""
+    r = run_code("import torch", env=env)
+    assert r.returncode != 0
+    return r.stderr
+
+
+def test_docs_env_md_is_generated_from_config():
+    from torch_rbln import config
+    doc = (ROOT / "docs" / "env.md").read_text()
+    assert doc == config.markdown(), "docs/env.md is stale: regenerate it (see its header)"
+    for name, *_ in config.describe():
+        assert f"| `{name}` |" in doc
+
+
+def test_every_variable_has_tests():
+    """A variable added to config.VARS must at least be exercised by these tests."""
+    import re
+    from torch_rbln import config
+    text = "".join((ROOT / "tests" / f).read_text()
+                   for f in ("test_env.py", "test_devices.py", "test_diagnose.py"))
+    untested = [n for n in config.VARS if not re.search(rf"""['"]{n}['"]""", text)]
+    assert not untested, untested
+
+
+# -- logging (import) -----------------------------------------------------------------------
+
+LOG_PROBE = FALLBACKS + """
+x = torch.ones(2, 64, device="rbln")
+os.environ["TORCH_RBLN_LOG_LEVEL"] = os.environ.get("SET_AFTER_IMPORT", "")
+if not os.environ["TORCH_RBLN_LOG_LEVEL"]:
+    del os.environ["TORCH_RBLN_LOG_LEVEL"]
+torch.sin(x)
+print(json.dumps({}))
+"""
+LOGGED = "`aten::sin` op ran on CPU instead of RBLN"
+
+
+def run_log_probe(tmp_path, env, prefix="import os, json, torch\n"):
+    script = tmp_path / "log_probe.py"      # a script, the way the tutorial runs its examples
+    script.write_text(prefix + LOG_PROBE)
+    return run_script(script, env=env, cwd=tmp_path)
+
+
+def test_log_level(tmp_path):
+    r = run_log_probe(tmp_path, {"TORCH_RBLN_LOG_LEVEL": "INFO"})
+    assert r.returncode == 0 and LOGGED in r.stderr and "UserWarning: TRACE" in r.stderr
+    r = run_log_probe(tmp_path, {"SET_AFTER_IMPORT": "INFO"})
+    assert r.returncode == 0 and LOGGED not in r.stderr          # read at import only
+    assert ("Invalid TORCH_RBLN_LOG_LEVEL `VERBOSE`, expected one of: DEBUG, INFO, WARNING, ERROR"
+            in import_error({"TORCH_RBLN_LOG_LEVEL": "VERBOSE"}))
+
+
+def test_deprecated_log_alias(tmp_path):
+    r = run_log_probe(tmp_path, {"TORCH_RBLN_LOG": "INFO"},
+                      "import os, json, warnings\nwarnings.simplefilter('always')\nimport torch\n")
+    assert r.returncode == 0 and LOGGED in r.stderr
+    assert "TORCH_RBLN_LOG is deprecated; use TORCH_RBLN_LOG_LEVEL" in r.stderr
+    r = run_log_probe(tmp_path, {"TORCH_RBLN_LOG": "INFO", "TORCH_RBLN_LOG_LEVEL": "WARNING"})
+    assert r.returncode == 0 and LOGGED not in r.stderr          # the new name wins
+    assert "Invalid TORCH_RBLN_LOG `loud`" in import_error({"TORCH_RBLN_LOG": "loud"})
+
+
+def test_log_path(tmp_path):
+    log = tmp_path / "rbln.log"
+    r = run_log_probe(tmp_path, {"TORCH_RBLN_LOG_LEVEL": "INFO", "TORCH_RBLN_LOG_PATH": str(log)})
+    assert r.returncode == 0 and LOGGED in log.read_text()
+    late = tmp_path / "late.log"
+    r = run_log_probe(tmp_path, {"TORCH_RBLN_LOG_LEVEL": "INFO"},
+                      f"import os, json, torch\nos.environ['TORCH_RBLN_LOG_PATH'] = {str(late)!r}\n")
+    assert r.returncode == 0 and not late.exists()              # read at import only
+    bad = tmp_path / "missing-dir" / "x.log"
+    assert str(bad) in import_error({"TORCH_RBLN_LOG_LEVEL": "INFO", "TORCH_RBLN_LOG_PATH": str(bad)})
+
+
+# -- import-time switches ---------------------------------------------------------------------
+
+def test_diagnose_flag():
+    r = run_code("import torch, torch_rbln\nprint(torch_rbln.status, hasattr(torch, 'rbln'))",
+                 env={"TORCH_RBLN_DIAGNOSE": "1"})
+    assert r.returncode == 0 and r.stdout.split() == ["uninitialized", "False"]
+    r = run_code("import os, torch\nos.environ['TORCH_RBLN_DIAGNOSE'] = '1'\nimport torch_rbln\n"
+                 "print(torch_rbln.status, torch.ones(1, device='rbln').device)")
+    assert r.returncode == 0 and r.stdout.split() == ["initialized", "rbln:0"]
+    assert "Invalid TORCH_RBLN_DIAGNOSE value `yes`" in import_error({"TORCH_RBLN_DIAGNOSE": "yes"})
+
+
+def test_skip_abi_check_is_read_when_the_extension_loads():
+    """Effect and bad values: test_diagnose.py::test_skip_abi_check. Read time: the extension's
+    load, which is `import torch_rbln` when autoload is off."""
+    code = ("import os, torch\ntorch.__version__ = '2.12.0'\n"
+            "os.environ['TORCH_RBLN_SKIP_ABI_CHECK'] = '1'\nimport torch_rbln\n"
+            "print(torch_rbln.status)")
+    r = run_code(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0 and r.stdout.strip() == "initialized"
+
+
+@pytest.mark.parametrize("name,value,case,reason", [
+    ("TORCH_RBLN_DISPATCH_DTYPES", "float32", "x32 + x32", "dtype-not-fp16"),
+    ("TORCH_RBLN_DISPATCH_STRICT", "float16", "odd + odd", "last-dim-not-64-aligned"),
+])
+def test_dispatch_catalog(name, value, case, reason):
+    body = f"""
+        x32 = torch.ones(2, 64, device="rbln")
+        odd = torch.ones(2, 3, dtype=torch.float16, device="rbln")
+        res = {{"first": reasons(lambda: {case})}}
+        os.environ["{name}"] = "{value}"                 # too late: read at import
+        res["late"] = reasons(lambda: {case})
+        print(json.dumps(res))
+    """
+    assert probe(body, {}, FALLBACKS) == {"first": [reason], "late": [reason]}
+    assert probe(body, {name: value}, FALLBACKS) == {"first": [], "late": []}
+    assert f"Invalid {name} value `float99`" in import_error({name: "float99"})
+
+
+# -- live variables ---------------------------------------------------------------------------
+
+def test_deploy_is_live():
+    out = probe("""
+        nan = torch.full((2, 64), float("nan"), dtype=torch.float16, device="rbln")
+        res = {"off": reasons(lambda: nan + nan)}
+        os.environ["TORCH_RBLN_DEPLOY"] = "ON"
+        res["on"] = reasons(lambda: nan + nan)
+        res["still_nan"] = bool((nan + nan).isnan().all())
+        os.environ["TORCH_RBLN_DEPLOY"] = "on"          # exactly ON, nothing else
+        res["bad"] = error(lambda: nan + nan)
+        del os.environ["TORCH_RBLN_DEPLOY"]
+        res["unset"] = reasons(lambda: nan + nan)
+        print(json.dumps(res))
+    """, {}, FALLBACKS)
+    assert out["off"] == ["nan/inf input"] and out["on"] == [] and out["still_nan"]
+    assert "Invalid TORCH_RBLN_DEPLOY value `on`" in out["bad"]
+    assert out["unset"] == ["nan/inf input"]
+
+
+def test_dev_disable_op_cpu_fallback_is_live():
+    out = probe("""
+        nan = torch.full((2, 64), float("nan"), dtype=torch.float16, device="rbln")
+        res = {"off": reasons(lambda: nan + nan)}
+        os.environ["TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK"] = "bogus,dtype"   # unknown: ignored
+        res["other_check"] = reasons(lambda: nan + nan)
+        os.environ["TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK"] = "nan_inf"
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            res["on"] = reasons(lambda: nan + nan)
+            reasons(lambda: nan + nan)
+        res["warnings"] = [str(x.message) for x in w]
+        print(json.dumps(res))
+    """, {}, FALLBACKS)
+    assert out["off"] == ["nan/inf input"] and out["other_check"] == ["nan/inf input"]
+    assert out["on"] == []
+    assert out["warnings"] == []   # it already warned once, at the first non-empty value
+
+    out = probe("""
+        nan = torch.full((2, 64), float("nan"), dtype=torch.float16, device="rbln")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            r1 = reasons(lambda: nan + nan)
+            reasons(lambda: nan + nan)
+        print(json.dumps({"r": r1, "warnings": [str(x.message) for x in w]}))
+    """, {"TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK": "all"}, FALLBACKS)
+    assert out["r"] == []
+    assert [m for m in out["warnings"] if "Do NOT use in production" in m] == [
+        "Enabling `TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK` may lead to unexpected behavior. "
+        "Do NOT use in production."]
+
+
+def test_eager_malloc_is_live():
+    out = probe("""
+        a = torch.empty(1024, dtype=torch.float16, device="rbln")
+        res = {"lazy": torch.rbln.memory_allocated()}
+        os.environ["TORCH_RBLN_EAGER_MALLOC"] = "1"
+        b = torch.empty(1024, dtype=torch.float16, device="rbln")
+        res["eager"] = torch.rbln.memory_allocated()
+        os.environ["TORCH_RBLN_EAGER_MALLOC"] = "yes"
+        res["bad"] = error(lambda: torch.empty(8, device="rbln"))
+        print(json.dumps(res))
+    """, {}, FALLBACKS)
+    assert out["lazy"] == 0 and out["eager"] >= 2048
+    assert "Invalid TORCH_RBLN_EAGER_MALLOC value `yes`" in out["bad"]
+
+
+def test_disable_fallback_per_category():
+    body = """
+        x = torch.ones(2, 64, device="rbln")
+        res = {"unsupported": error(lambda: torch.atan2(x, x))}
+        os.environ["TORCH_RBLN_DISABLE_FALLBACK"] = "unsupported_op"   # fixed at load: no effect
+        res["unsupported_late"] = error(lambda: torch.atan2(x, x))
+        res["strided"] = error(lambda: torch.cat([x.half(), x]))
+        os.environ["TORCH_RBLN_DISABLE_FALLBACK"] = "strided_copy_error"   # read on each check
+        res["strided_late"] = error(lambda: torch.cat([x.half(), x]))
+        print(json.dumps(res))
+    """
+    out = probe(body, {}, FALLBACKS)
+    assert out["unsupported"] is None and out["unsupported_late"] is None
+    assert out["strided"] is None
+    assert out["strided_late"].startswith("StridedCopyError: aten::cat.out: batched strided copy")
+    out = probe(body, {"TORCH_RBLN_DISABLE_FALLBACK": "all"}, FALLBACKS)
+    assert out["unsupported"].startswith(
+        "NotImplementedError: The operator `aten::atan2.out` is not implemented for RBLN devices.")
+    assert "Invalid TORCH_RBLN_DISABLE_FALLBACK option `bogus`, expected one of: all," in (
+        import_error({"TORCH_RBLN_DISABLE_FALLBACK": "unsupported_op,bogus"}))
+
+
+# -- device mapping (commit) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("RBLN_DEVICES", "1,2", [[1], [2]]),
+    ("RBLN_VISIBLE_DEVICES", "3", [[3]]),
+    ("RBLN_NPUS_PER_DEVICE", "2", [[0, 1], [2, 3]]),
+    ("RBLN_DEVICE_MAP", "[3],[0,1]", [[3], [0, 1]]),
+])
+def test_mapping_variables_are_read_until_commit(name, value, expected):
+    out = probe(f"""
+        res = {{"default": groups()}}
+        os.environ["{name}"] = "{value}"                 # after import, before first use
+        res["planned"] = groups()
+        torch.ones(1, device="rbln")                     # first real use: commit
+        del os.environ["{name}"]
+        res["frozen"] = groups()
+        print(json.dumps(res))
+    """, {"TORCH_RBLN_VIRTUAL_NPUS": "4"})
+    assert out == {"default": [[0], [1], [2], [3]], "planned": expected, "frozen": expected}
+
+
+# -- the virtual host (runtime start) ----------------------------------------------------------
+
+HOST_PROBE = """
+    res = {{}}
+    os.environ["{name}"] = "{value}"                     # after import: the runtime has not started
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        res["count"] = torch.rbln.device_count()
+        res["phys"] = torch.rbln.physical_device_count()
+        if res["count"]:
+            p = torch.rbln.get_device_properties(0)
+            res["name"], res["memory"] = p.name, p.total_memory
+    res["warnings"] = [str(x.message) for x in w]
+    os.environ["{name}"] = "{later}"                     # after the first query: ignored
+    res["count_later"] = torch.rbln.device_count()
+    res["memory_later"] = torch.rbln.get_device_properties(0).total_memory if res["count"] else 0
+    print(json.dumps(res))
+"""
+
+
+def host_probe(name, value, later, env=None):
+    return probe(HOST_PROBE.format(name=name, value=value, later=later), env or {})
+
+
+def test_virtual_npus():
+    out = host_probe("TORCH_RBLN_VIRTUAL_NPUS", "3", "5")
+    assert (out["count"], out["phys"], out["count_later"]) == (3, 3, 3)
+    for bad in ("0", "two"):
+        out = host_probe("TORCH_RBLN_VIRTUAL_NPUS", bad, "1")
+        assert out["count"] == 0 and out["count_later"] == 1    # a failed start is retried
+        assert any(f"Invalid TORCH_RBLN_VIRTUAL_NPUS value `{bad}`" in m for m in out["warnings"])
+
+
+def test_force_npu_name():
+    out = host_probe("RBLN_FORCE_NPU_NAME", "RBLN-CR13", "RBLN-CA25")
+    assert (out["name"], out["memory"]) == ("RBLN-CR13", 144 << 30)
+    assert out["memory_later"] == 144 << 30
+    out = host_probe("RBLN_FORCE_NPU_NAME", "RBLN-XX1", "RBLN-CA25")
+    assert out["count"] == 0
+    assert any("Invalid RBLN_FORCE_NPU_NAME value `RBLN-XX1`" in m for m in out["warnings"])
+
+
+def test_device_memory():
+    out = host_probe("TORCH_RBLN_DEVICE_MEMORY", "64MiB", "1GiB")
+    assert out["memory"] == 64 << 20 and out["memory_later"] == 64 << 20
+    out = probe("""
+        x = torch.ones(1024, 1024, dtype=torch.float16, device="rbln")   # 2 MiB
+        print(json.dumps({"oom": error(lambda: x + x),
+                          "total": torch.rbln.mem_get_info()[1]}))
+    """, {"TORCH_RBLN_DEVICE_MEMORY": "3MiB"}, FALLBACKS)
+    assert out["total"] == 3 << 20
+    assert out["oom"].startswith("OutOfMemoryError")
+    for bad in ("lots", "512KiB"):
+        out = host_probe("TORCH_RBLN_DEVICE_MEMORY", bad, "1GiB")
+        assert out["count"] == 0
+        assert any(f"Invalid TORCH_RBLN_DEVICE_MEMORY value `{bad}`" in m for m in out["warnings"])
+
+
+def test_dummy_device_is_validated_not_emulated():
+    out = host_probe("RBLN_DUMMY_DEVICE", "1", "0")
+    assert out["count"] == 1
+    assert any("does not emulate the host-backed dummy device" in m for m in out["warnings"])
+    out = host_probe("RBLN_DUMMY_DEVICE", "off", "1")
+    assert out["count"] == 1 and out["warnings"] == []
+    out = host_probe("RBLN_DUMMY_DEVICE", "4", "0")
+    assert out["count"] == 0
+    assert any("Invalid RBLN_DUMMY_DEVICE value `4`" in m for m in out["warnings"])

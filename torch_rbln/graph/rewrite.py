@@ -1,0 +1,93 @@
+"""Rewrites of a partition's graph before it runs: CPU devices, custom program bodies, and the
+NPU's matmul numerics."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ..runtime import lowering
+
+_CPU = torch.device("cpu")
+
+
+def to_cpu_devices(gm: torch.fx.GraphModule) -> None:
+    """Rewrite ``device=rbln`` constants to the CPU: partitions compute on CPU tensors over the
+    device buffers (or the host views)."""
+    def fix(v):
+        if isinstance(v, torch.device) and v.type == "rbln":
+            return _CPU
+        return v
+
+    for n in gm.graph.nodes:
+        n.args = torch.fx.node.map_aggregate(n.args, fix)
+        n.kwargs = torch.fx.node.map_aggregate(n.kwargs, fix)
+    gm.recompile()
+
+
+def use_custom_kernels(gm: torch.fx.GraphModule, placed: dict) -> None:
+    """Ops whose program body is written out in ``runtime/lowering.py`` (attention,
+    ``linear_backward``) have no CPU kernel: both sides run that body, as eager does."""
+    for n in gm.graph.nodes:
+        p = placed.get(n.name)
+        if n.op == "call_function" and p is not None and p.kernel:
+            n.target = _with_layouts(lowering.CUSTOM[p.kernel], n.meta.get("val"))
+    gm.recompile()
+
+
+def _stride_order(v: torch.Tensor) -> tuple:
+    """Dims from outermost to innermost in ``v``'s memory layout (size hints, no guards)."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint as hint
+    return tuple(sorted(range(v.dim()), key=lambda d: -hint(v.stride()[d])))
+
+
+def _with_layouts(fn, val):
+    """``fn`` with each result laid out like the traced op's (a custom body returns contiguous
+    results; the graph may view them assuming the op's own layout, e.g. attention's)."""
+    single = not isinstance(val, (tuple, list))
+    orders = tuple(_stride_order(v) if isinstance(v, torch.Tensor) else None
+                   for v in ((val,) if single else val))
+
+    def relayout(o, order):
+        if not isinstance(o, torch.Tensor) or order is None or o.dim() != len(order):
+            return o
+        if order == tuple(range(o.dim())) and o.is_contiguous():
+            return o
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        return o.permute(order).contiguous().permute(inverse)
+
+    def run(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if single:
+            return relayout(out, orders[0])
+        return tuple(relayout(o, order) for o, order in zip(out, orders))
+
+    run.__name__ = fn.__name__
+    return run
+
+
+_MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
+                      torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default,
+                      torch.ops.aten.linear.default})
+_HALF = (torch.float16, torch.bfloat16)
+_to_copy = torch.ops.aten._to_copy.default
+
+
+def fp32_matmuls(gm: torch.fx.GraphModule) -> None:
+    """Give half-precision matmuls the NPU's numerics explicitly: operands widened to fp32,
+    fp32 accumulation, the result rounded once. A host without a native fp16 GEMM runs the
+    half-precision kernel several times slower than fp32 (AVX2: ~7x), so this is also what
+    makes device programs fast."""
+    g = gm.graph
+    for n in list(g.nodes):
+        v = n.meta.get("val")
+        if (n.op != "call_function" or n.target not in _MATMULS
+                or getattr(v, "dtype", None) not in _HALF):
+            continue
+        with g.inserting_before(n):
+            n.args = tuple(g.call_function(_to_copy, (a,), {"dtype": torch.float32})
+                           if isinstance(a, torch.fx.Node) else a for a in n.args)
+        with g.inserting_after(n):
+            back = g.call_function(_to_copy, (n,), {"dtype": v.dtype})
+        n.replace_all_uses_with(back, delete_user_cb=lambda u: u is not back)
+    gm.recompile()
