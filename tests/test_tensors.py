@@ -239,5 +239,5 @@ def test_residency_states_follow_the_rules():
     c.cpu()
     a.cpu()
     assert count("d2h") - d0 == 1                  # synced and host-latest reads move nothing
-    a.fill_(2)                                     # a host write
+    a.copy_(torch.full((64,), 2.0))               # a host write (copy from the CPU)
     assert buffer_of(a).state == HOST

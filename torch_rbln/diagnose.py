@@ -126,7 +126,7 @@ def abi_section(torch, error) -> list[str]:
         disabled = False          # the environment section names the bad value
     err = None
     if torch is None:
-        out.append(f"  private hooks: not checked (torch could not be imported)")
+        out.append("  private hooks: not checked (torch could not be imported)")
         verdict = f"MISMATCH -- torch could not be imported ({error})"
         err = f"could not import torch: {error}"
     else:

@@ -13,10 +13,12 @@ CPU fallback.
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
 from .. import config, events
+from ..log import user_stacklevel
 from ..runtime import compiler, devices, lowering
 from ..runtime.storage import buffer_of, new_tensor, wrap_host
 from . import checks, factories, fallback
@@ -72,11 +74,24 @@ def _wrap_result(x, index):
     return x
 
 
+def _resize_out(out, shape) -> None:
+    """Resize an ``out=`` tensor to the result's shape, warning as PyTorch's kernels do."""
+    if out.numel():
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape "
+            f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
+            f"This behavior is deprecated, and in a future PyTorch release outputs will not be "
+            f"resized unless they have zero elements. You can explicitly reuse an out tensor t "
+            f"by resizing it, inplace, to zero elements with t.resize_(0).", UserWarning,
+            stacklevel=user_stacklevel())
+    factories.resize_(out, shape)
+
+
 def _deliver_host(result, out, index):
     if out is None:
         return _wrap_result(result, index)
     if out.shape != result.shape:
-        factories.resize_(out, result.shape)
+        _resize_out(out, result.shape)
     ob = buffer_of(out)
     ob.host_write(whole=covers(out, ob))
     ob.host_alias(out).copy_(result)
@@ -96,7 +111,7 @@ def _deliver_device(result, out, index: int):
             return type(result)(_deliver_device(r, None, index) for r in result)
         return result
     if out.shape != result.shape:
-        factories.resize_(out, result.shape)
+        _resize_out(out, result.shape)
     ob = buffer_of(out)
     if (result.dtype == out.dtype and result.storage_offset() == 0 and result.is_contiguous()
             and covers(out, ob) and result.untyped_storage().nbytes() == ob.nbytes):
