@@ -28,21 +28,33 @@ from torch_rbln import events
 H = torch.float16
 
 
-def _per_call_us(fn, min_time=0.2, repeat=5) -> float:
-    """Median over ``repeat`` rounds of the mean time per call (each round >= min_time/5 s)."""
+def _calls_for(fn, budget_s: float) -> int:
     fn()
     fn()
     n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < min_time / repeat:
+    while time.perf_counter() - t0 < budget_s:
         fn()
         n += 1
-    rounds = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rounds.append((time.perf_counter() - t) / n * 1e6)
-    return statistics.median(rounds)
+    return max(n, 1)
+
+
+def _interleaved(variants, rounds=7, budget_s=0.03):
+    """Median per-call time (us) of each ``(fn, setup)`` variant, the variants measured in
+    alternation so that a machine whose load changes affects all of them alike."""
+    counts = []
+    for fn, setup in variants:
+        setup()
+        counts.append(_calls_for(fn, budget_s))
+    samples = [[] for _ in variants]
+    for _ in range(rounds):
+        for k, (fn, setup) in enumerate(variants):
+            setup()
+            t = time.perf_counter()
+            for _ in range(counts[k]):
+                fn()
+            samples[k].append((time.perf_counter() - t) / counts[k] * 1e6)
+    _deploy(False)
+    return [statistics.median(x) for x in samples]
 
 
 def _deploy(on: bool) -> None:
@@ -69,16 +81,19 @@ def op_cases():
     ]
 
 
+def _nothing():
+    pass
+
+
 def bench_ops(rows):
     with torch.inference_mode():
         for name, fn, args in op_cases():
             dargs = [a.to("rbln") for a in args]
-            cpu = _per_call_us(lambda: fn(*args))
-            _deploy(False)
-            scan = _per_call_us(lambda: fn(*dargs))
-            _deploy(True)
-            deploy = _per_call_us(lambda: fn(*dargs))
-            _deploy(False)
+            cpu, scan, deploy = _interleaved([
+                (lambda: fn(*args), _nothing),
+                (lambda: fn(*dargs), lambda: _deploy(False)),
+                (lambda: fn(*dargs), lambda: _deploy(True)),
+            ])
             rows.append((name, cpu, scan, deploy))
 
 
@@ -93,31 +108,21 @@ def _llama(hidden, layers, seq, heads):
     return cpu, copy.deepcopy(cpu).to("rbln"), ids
 
 
-def _fwd_ms(model, ids, repeat) -> float:
-    with torch.inference_mode():
-        model(ids)
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            model(ids)
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
 def bench_llama(rows, quick):
     specs = [("small (h256, 2 layers, seq 64)", 256, 2, 64, 4, 1.5)]
     if not quick:
         specs.append(("medium (h1024, 4 layers, seq 256)", 1024, 4, 256, 16, 1.15))
     for name, hidden, layers, seq, heads, goal in specs:
         cpu, dev, ids = _llama(hidden, layers, seq, heads)
-        repeat = 10 if hidden <= 256 else 4
-        c = _fwd_ms(cpu, ids, repeat)
-        _deploy(False)
-        s = _fwd_ms(dev, ids.to("rbln"), repeat)
-        _deploy(True)
-        d = _fwd_ms(dev, ids.to("rbln"), repeat)
-        _deploy(False)
-        rows.append((name, c, s, d, goal))
+        dids = ids.to("rbln")
+        rounds = 7 if hidden <= 256 else 3
+        with torch.inference_mode():
+            c, s, d = _interleaved([
+                (lambda: cpu(ids), _nothing),
+                (lambda: dev(dids), lambda: _deploy(False)),
+                (lambda: dev(dids), lambda: _deploy(True)),
+            ], rounds=rounds, budget_s=0.0)
+        rows.append((name, c / 1e3, s / 1e3, d / 1e3, goal))
 
 
 def bench_cold_compile():

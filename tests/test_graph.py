@@ -135,6 +135,17 @@ def test_graph_applies_eager_dtype_and_alignment_rules():
                                                      "last-dim-not-64-aligned": 1}
 
 
+def test_cpu_tensors_in_a_graph_stay_on_the_cpu_unreported():
+    f = torch.compile(lambda x, y: (x.to("rbln") * 2, torch.sin(y) + 1), backend="rbln")
+    x, y = torch.randn(64, dtype=torch.float16), torch.randn(8)
+    before = events.snapshot()
+    a, b = f(x, y)
+    assert a.device.type == "rbln" and b.device.type == "cpu"
+    torch.testing.assert_close(_cpu(a), x.float() * 2, **TOL)
+    torch.testing.assert_close(b, torch.sin(y) + 1)
+    assert _delta(before, "cpu_fallback") == {}
+
+
 def test_recompile_per_shape_with_dynamo_compile_ids():
     f = torch.compile(lambda x: torch.relu(x) * x + 1, backend="rbln")
     with torch.rbln.capture_programs() as programs, torch.no_grad():

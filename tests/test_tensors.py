@@ -241,3 +241,20 @@ def test_residency_states_follow_the_rules():
     assert count("d2h") - d0 == 1                  # synced and host-latest reads move nothing
     a.copy_(torch.full((64,), 2.0))               # a host write (copy from the CPU)
     assert buffer_of(a).state == HOST
+
+
+def test_storage_construction_clone_and_deepcopy():
+    import copy
+    x = torch.randn(4, 64)
+    r = x.to(D)
+    s = torch.UntypedStorage(32, device=D)
+    assert s.device == torch.device("rbln:0") and s.nbytes() == 32
+    assert r.untyped_storage().clone().device.type == "rbln"
+    c = copy.deepcopy(r)
+    assert c.untyped_storage().data_ptr() != r.untyped_storage().data_ptr()
+    same(c, x)
+    m = torch.nn.Linear(64, 8).to(D)
+    m2 = copy.deepcopy(m)
+    same(m2.weight, m.weight.cpu())
+    with pytest.raises(TypeError, match="only be created by size"):
+        torch.UntypedStorage([1, 2], device=D)

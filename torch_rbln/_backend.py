@@ -49,7 +49,7 @@ def setup() -> None:
     catch_all = torch.library.Library("_", "IMPL")
     _libs.append(catch_all)
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
-    _patch_storage_to()
+    _patch_storage_new()
     _patch_module_apply()
     _patch_accelerator()
     # backward on rbln:1+ needs single-threaded autograd (the Python device guard reports one
@@ -59,24 +59,24 @@ def setup() -> None:
     del config
 
 
-def _patch_storage_to() -> None:
-    """``UntypedStorage.to("rbln")`` (used by ``torch.load``) would allocate through the C++
-    PrivateUse1 allocator, which a Python backend cannot provide: route it through our
-    ``empty`` kernel instead."""
-    import torch._utils
-    import torch.storage
-    orig = torch._utils._to
+def _patch_storage_new() -> None:
+    """``torch.UntypedStorage(n, device="rbln")`` (behind ``storage.clone()``, ``deepcopy``,
+    ``storage.to("rbln")`` and ``torch.load``) would allocate through the C++ PrivateUse1
+    allocator, which a Python backend cannot provide: serve it from our ``empty`` kernel."""
+    cls = torch.UntypedStorage
+    orig_new = cls.__new__
 
-    def _to(self, device, non_blocking=False):
-        if device.type == "rbln" and self.device != device:
-            st = torch.empty(self.nbytes(), dtype=torch.uint8, device=device).untyped_storage()
-            st.copy_(self, non_blocking)
-            return st
-        return orig(self, device, non_blocking)
+    def __new__(klass, *args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == "rbln":
+            if len(args) != 1 or not isinstance(args[0], int) or kwargs:
+                raise TypeError("an rbln UntypedStorage can only be created by size: "
+                                "torch.UntypedStorage(nbytes, device='rbln')")
+            return torch.empty(args[0], dtype=torch.uint8, device=device).untyped_storage()
+        if device is not None:
+            kwargs["device"] = device
+        return orig_new(klass, *args, **kwargs)
 
-    _to.__wrapped__ = orig
-    torch._utils._to = _to
-    torch.storage._to = _to
+    cls.__new__ = __new__
 
 
 def _patch_module_apply() -> None:

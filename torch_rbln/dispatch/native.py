@@ -104,15 +104,21 @@ def _nbytes(ts) -> int:
 # ------------------------------------------------------------------------------------------
 # kernels
 
-def cat_out(tensors, dim=0, *, out):
-    ts = list(tensors)
+def _cat(ts, dim, out, dtype):
+    """``cat`` into ``out`` (or a new tensor when ``out`` is None) of ``dtype``."""
     srcs = [t for t in ts if t.numel()]
-    if any(not _rbln(t) for t in ts) or any(t.dtype != out.dtype for t in srcs):
+    if any(not _rbln(t) for t in ts) or any(t.dtype != dtype for t in srcs):
         why = ("source dtypes differ from the output dtype" if all(_rbln(t) for t in ts)
                else "a source is not an rbln tensor")
-        return _strided_fallback(torch.ops.aten.cat.out, (tensors, dim), {"out": out}, why,
+        op = torch.ops.aten.cat.out if out is not None else torch.ops.aten.cat.default
+        return _strided_fallback(op, (ts, dim), {"out": out} if out is not None else {}, why,
                                  _nbytes(ts))
-    return _run("cat", lambda v: torch.cat([v(t) for t in ts], dim), srcs, out, out.device.index)
+    return _run("cat", lambda v: torch.cat([v(t) for t in ts], dim), srcs, out,
+                _index(ts, out))
+
+
+def cat_out(tensors, dim=0, *, out):
+    return _cat(list(tensors), dim, out, out.dtype)
 
 
 def cat(tensors, dim=0):
@@ -120,8 +126,7 @@ def cat(tensors, dim=0):
     dtype = ts[0].dtype
     for t in ts[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
-    out = factories.empty_memory_format((0,), dtype=dtype, device=ts[0].device)
-    return cat_out(ts, dim, out=out)
+    return _cat(ts, dim, None, dtype)
 
 
 def index_select_out(self, dim, index, *, out):
@@ -133,8 +138,8 @@ def index_select_out(self, dim, index, *, out):
 
 
 def index_select(self, dim, index):
-    out = factories.empty_memory_format((0,), dtype=self.dtype, device=self.device)
-    return index_select_out(self, dim, index, out=out)
+    return _run("index_select", lambda v: torch.index_select(v(self), dim, v(index)),
+                [self], None, self.device.index)
 
 
 def index_copy_out(self, dim, index, source, *, out):

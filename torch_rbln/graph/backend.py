@@ -110,7 +110,7 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode):
     to_cpu_devices(gm)
     fp32_matmuls(gm)
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
-        fn = compile_fx(gm, cpu, config_patches={"cpp.threads": 1})
+        fn = compile_fx(gm, cpu)
 
     def run(*args):
         out = fn(*args)

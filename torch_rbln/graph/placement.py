@@ -40,7 +40,7 @@ _FREE_OPS = frozenset({
 
 @dataclass(frozen=True)
 class Placement:
-    where: str              # "device", "host" or "free"
+    where: str              # "device", "host", "free", or "cpu" (CPU tensors only: not ours)
     op: str = ""            # the name reports use (the eager kernel's, e.g. ``aten::mul.out``)
     reason: str = ""        # why a host node is not on the device
     kernel: str = ""        # a custom program body (``runtime/lowering.py``), on either side
@@ -136,6 +136,13 @@ def _aligned(extent) -> bool:
     return extent % 64 == 0
 
 
+def _touches_rbln(node: torch.fx.Node) -> bool:
+    vals = [v for _, v in _tensor_args(node)]
+    out = node.meta.get("val")
+    vals.extend(out if isinstance(out, (tuple, list)) else (out,))
+    return any(isinstance(v, torch.Tensor) and v.device.type == "rbln" for v in vals)
+
+
 def place(node: torch.fx.Node) -> Placement:
     """Where ``node`` (a ``call_function`` node of an aten graph) runs."""
     target = node.target
@@ -146,6 +153,8 @@ def place(node: torch.fx.Node) -> Placement:
     if (target.is_view or target in _FREE_OPS or target.overloadpacket in _NATIVE
             or _is_factory(target)):
         return FREE
+    if not _touches_rbln(node):
+        return Placement("cpu", target.name())
     entry = _BY_FN.get(target)
     if entry is None:
         return Placement("host", target.name(), NO_KERNEL)
