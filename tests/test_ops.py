@@ -348,3 +348,13 @@ def test_every_table_entry_is_registered():
         packet, _, ov = name.partition(".")
         op = getattr(getattr(torch.ops.aten, packet), ov)
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"), e.name
+
+
+def test_dispatch_strict_exempts_a_dtype_from_the_alignment_rule():
+    code = ("import torch\nfrom torch_rbln import events\n"
+            "a = torch.ones(4, 48, dtype=torch.float16, device='rbln')\n"
+            "a + a\nprint(sorted(events.counters['cpu_fallback_reason']))")
+    assert run_code(code).stdout.split("\n")[-2] == "['last-dim-not-64-aligned']"
+    r = run_code(code, env={"TORCH_RBLN_DISPATCH_STRICT": "float16"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[-2] == "[]"

@@ -165,14 +165,16 @@ def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwa
         for t in dtype_tensors:
             if t.dtype is not d0:
                 return "dtype-not-fp16"
+    scalar_only, offset = True, False
     for t in tensors:
         if t.dim():
-            break
-    else:
-        return "all-scalar inputs"
-    for t in tensors:
+            scalar_only = False
         if t.storage_offset() and t.is_contiguous():
-            return "storage-offset"
+            offset = True
+    if scalar_only:
+        return "all-scalar inputs"
+    if offset:
+        return "storage-offset"
     if not _deploy():
         for t in tensors:
             if has_nonfinite(t):

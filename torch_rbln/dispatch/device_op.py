@@ -102,7 +102,8 @@ def _deliver_device(result, out, index: int):
     """Make ``result`` (computed in device memory) the data of ``out`` or of a new rbln tensor."""
     if out is None:
         if isinstance(result, _Tensor):
-            if not _owns_dense(result):
+            # a fresh kernel output owns its storage; anything else is checked
+            if result._base is not None or not _owns_dense(result):
                 result = result.clone(memory_format=torch.contiguous_format)
             t = new_tensor(result.shape, result.stride(), result.dtype, index)
             buffer_of(t).adopt_device(result)
