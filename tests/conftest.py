@@ -28,19 +28,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def clean_env(env=None) -> dict:
+    """This process's environment without its TORCH_RBLN_* / RBLN_* variables, plus ``env``."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_RBLN_", "RBLN_"))}
+    full.update(env or {})
+    return full
+
+
 def run_script(path, *args, env=None, cwd=None, timeout=300) -> subprocess.CompletedProcess:
     """Run a Python script in a fresh process (the way a user runs the tutorial)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_RBLN_", "RBLN_"))}
-    full_env.update(env or {})
     return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=timeout)
+                          env=clean_env(env), cwd=cwd, timeout=timeout)
 
 
 def run_code(code: str, env=None, cwd=None, timeout=300) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_RBLN_", "RBLN_"))}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=timeout)
+    """Run ``python -c code`` in a fresh process."""
+    return run_script("-c", code, env=env, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture(autouse=True)

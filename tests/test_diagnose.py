@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_code
+from conftest import ROOT, clean_env, run_code
 
 PKG = ROOT / "torch_rbln"
 
 
 def run_diagnose(env=None, cwd=None, pythonpath=None) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_RBLN_", "RBLN_"))}
+    full = clean_env()
     full.pop("PYTHONPATH", None)
     full.update(env or {})
     if pythonpath:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import torch
@@ -43,6 +44,15 @@ def test_out_op_with_resize():
     with pytest.warns(UserWarning, match="resized"):
         torch.cumsum(rb(x), 0, out=out2)
     torch.testing.assert_close(out2.cpu(), torch.cumsum(x, 0))
+
+
+def test_device_op_resize_warning_points_at_the_callers_line():
+    a = rb(torch.ones(4, 64, dtype=torch.float16))
+    out = torch.empty(3, 64, dtype=torch.float16, device="rbln")
+    with pytest.warns(UserWarning, match="resized") as w:
+        torch.add(a, a, out=out); line = sys._getframe().f_lineno  # noqa: E702
+    assert [(x.filename, x.lineno) for x in w] == [(__file__, line)]
+    assert out.shape == (4, 64)
 
 
 def test_view_returning_op_shares_the_rbln_storage():
@@ -143,6 +153,15 @@ def test_sin_demo_log_format():
     assert TRACE_LINE.match(lines[i + 1])
     assert lines[i + 2] == "sin_demo.py:5: UserWarning: TRACE"
     assert lines[i + 3].strip() == "y = torch.sin(x)"
+
+
+def test_trace_warning_under_python_c(tmp_path):
+    # `python -c` code has no source file and `__main__` is served by BuiltinImporter
+    r = run_code("import torch\nx = torch.ones(64, dtype=torch.float16, device='rbln')\n"
+                 "torch.sin(x)\nprint('ok')", env={"TORCH_RBLN_LOG_LEVEL": "INFO"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+    assert "<string>:3: UserWarning: TRACE" in r.stderr.splitlines()
 
 
 def test_log_is_silent_at_default_level():

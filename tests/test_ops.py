@@ -248,9 +248,9 @@ def test_compile_lowers_to_npu_primitives():
 
 
 def test_first_compile_does_not_import_dynamo():
-    r = run_code("import sys, time, torch\n"
+    r = run_code("import sys, torch\n"
                  "a = torch.ones(64, dtype=torch.float16, device='rbln')\n"
-                 "t = time.perf_counter(); a + a; a * a; torch.softmax(a, 0)\n"
+                 "a + a; a * a; torch.softmax(a, 0)\n"
                  "print('dynamo' if 'torch._dynamo' in sys.modules else 'no-dynamo')")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "no-dynamo"

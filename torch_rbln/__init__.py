@@ -12,7 +12,7 @@ import os
 import sys
 
 try:
-    from importlib.metadata import PackageNotFoundError, version as _version
+    from importlib.metadata import version as _version
     __version__ = _version("torch-rbln-vnpu")
 except Exception:  # not installed (source tree)
     __version__ = "0.0.0"

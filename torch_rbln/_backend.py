@@ -28,7 +28,7 @@ class _Guard(torch._C._acc.DeviceGuard):
 
 
 def setup() -> None:
-    from . import api, config, log
+    from . import api, log
     from .dispatch import checks, copy, device_op, factories, fallback, native, special, views
     from .runtime import compiler
 
@@ -56,7 +56,6 @@ def setup() -> None:
     # device); see backward.py and docs/devices.md
     from . import backward
     backward.install()
-    del config
 
 
 def _patch_storage_new() -> None:

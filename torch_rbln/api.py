@@ -2,9 +2,9 @@
 
 from .device import *  # noqa: F401,F403
 from .device import _get_device_index  # noqa: F401
-from .random import _is_in_bad_fork, default_generator  # noqa: F401
 from .memory import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
+from .random import _is_in_bad_fork  # noqa: F401
 
 
 def __getattr__(name):

@@ -34,6 +34,12 @@ def _get_device_index(dev, optional: bool = False) -> int:
     raise TypeError(f"Invalid device type: {type(dev).__name__}")
 
 
+def _index_or_current(device) -> int:
+    """The index ``device`` names; the current device for ``None`` or an rbln device
+    without an index."""
+    return devices.current() if device is None else _get_device_index(device)
+
+
 def device_count() -> int:
     """Number of logical RBLN devices. Never raises: 0 (and a warning) on a malformed
     ``RBLN_*`` configuration. Plans the device mapping without committing it."""
@@ -108,7 +114,7 @@ class _DeviceProperties:
 
 
 def get_device_properties(device=None) -> _DeviceProperties:
-    idx = _check_index(_get_device_index(device, optional=True) if device is not None else devices.current())
+    idx = _check_index(_index_or_current(device))
     p = devices.plan()
     npus = len(p.groups[idx])
     return _DeviceProperties(p.npu_name, p.memory_per_npu * npus, p.memory_per_npu // p.chiplets,
@@ -126,7 +132,7 @@ def get_device_capability(device=None) -> dict:
 def synchronize(device=None) -> None:
     """Wait for the device's pending work. The virtual NPU runs each program to completion when
     it is launched, so this only validates the device and commits the mapping."""
-    idx = _check_index(_get_device_index(device, optional=True) if device is not None else devices.current())
+    idx = _check_index(_index_or_current(device))
     devices.arena(idx)
 
 

@@ -12,6 +12,7 @@ stream; it keeps no counts of its own.
 
 from __future__ import annotations
 
+import linecache
 import logging
 import os
 import sys
@@ -64,42 +65,32 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = None
 
 
+def _first_user_frame(f):
+    """``(frame, depth)`` of the first frame from ``f`` outwards that lies outside torch and
+    this package (the user's own source line); ``(None, 1)`` when there is none."""
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+    depth = 1
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_PKG_DIR) or fn.startswith(_TORCH_DIR) or fn.startswith("<frozen")):
+            return f, depth
+        f = f.f_back
+        depth += 1
+    return None, 1
+
+
 def user_stacklevel() -> int:
     """The ``warnings.warn`` stacklevel that points at the first frame outside torch and us."""
-    global _TORCH_DIR
-    if _TORCH_DIR is None:
-        import torch
-        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-    f = sys._getframe(1)
-    level = 1
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not (fn.startswith(_PKG_DIR) or fn.startswith(_TORCH_DIR) or fn.startswith("<frozen")):
-            return level
-        f = f.f_back
-        level += 1
-    return 1
-
-
-def _user_frame():
-    """The first frame outside torch and this package (the user's own source line)."""
-    global _TORCH_DIR
-    if _TORCH_DIR is None:
-        import torch
-        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-    f = sys._getframe(2)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not (fn.startswith(_PKG_DIR) or fn.startswith(_TORCH_DIR) or fn.startswith("<frozen")):
-            return f
-        f = f.f_back
-    return None
+    return _first_user_frame(sys._getframe(1))[1]
 
 
 def _warn_trace() -> None:
     """``UserWarning("TRACE")`` attributed to the user's line, named relative to the working
     directory when it lies below it (``sin_demo.py:5``, as the reference prints it)."""
-    f = _user_frame()
+    f, _ = _first_user_frame(sys._getframe(1))
     if f is None:
         warnings.warn("TRACE", UserWarning, stacklevel=2)
         return
@@ -109,8 +100,12 @@ def _warn_trace() -> None:
         if not rel.startswith(".."):
             path = rel
     g = f.f_globals
+    # Not ``module_globals=g``: warn_explicit then asks the module's loader for its source
+    # unguarded, and under ``python -c`` that loader is BuiltinImporter, which raises.
+    # linecache's lazy entry offers the same loader fallback with the errors caught.
+    linecache.lazycache(path, g)
     warnings.warn_explicit("TRACE", UserWarning, path, f.f_lineno, module=g.get("__name__"),
-                           registry=g.setdefault("__warningregistry__", {}), module_globals=g)
+                           registry=g.setdefault("__warningregistry__", {}))
 
 
 def _on_event(kind: str, key: str, amount: int) -> None:

@@ -26,8 +26,9 @@ def default_generator(index: int | None = None) -> torch.Generator:
 
 
 def _index(device) -> int:
-    from .device import _get_device_index
-    return _get_device_index(device, optional=True) if device is not None else devices.current()
+    from .device import _index_or_current
+    idx = _index_or_current(device)
+    return devices.current() if idx < 0 else idx
 
 
 def _is_in_bad_fork() -> bool:
@@ -62,8 +63,6 @@ def initial_seed() -> int:
 
 def get_rng_state(device="rbln") -> torch.Tensor:
     idx = _index(device)
-    if idx < 0:
-        idx = devices.current()
     return default_generator(idx).get_state()
 
 
@@ -73,8 +72,6 @@ def get_rng_state_all() -> list:
 
 def set_rng_state(new_state: torch.Tensor, device="rbln") -> None:
     idx = _index(device)
-    if idx < 0:
-        idx = devices.current()
     default_generator(idx).set_state(new_state.detach().to("cpu", torch.uint8).clone().contiguous())
 
 

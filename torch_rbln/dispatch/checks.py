@@ -107,7 +107,7 @@ def has_nonfinite(t: torch.Tensor) -> bool:
     acc = _SCAN_ACC.get(t.dtype)
     if acc is None:
         return False            # bool and integer tensors never count
-    if t.device.type != "rbln":
+    if t.get_device() < 0:      # not an rbln tensor
         return not _isfinite(t.sum(dtype=acc).item())
     buf = buffer_of(t)
     if buf.scanned is t.dtype:
@@ -165,10 +165,14 @@ def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwa
         for t in dtype_tensors:
             if t.dtype is not d0:
                 return "dtype-not-fp16"
-    scalar_only, offset = True, False
+    # one pass gathers what the scalar, offset and 64-alignment rules need (reported in order)
+    scalar_only, offset, unaligned = True, False, False
+    align = entry.align64
     for t in tensors:
         if t.dim():
             scalar_only = False
+            if align and t.size(-1) % 64 and t.dtype not in STRICT_DTYPES:
+                unaligned = True
         if t.storage_offset() and t.is_contiguous():
             offset = True
     if scalar_only:
@@ -177,14 +181,18 @@ def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwa
         return "storage-offset"
     if not _deploy():
         for t in tensors:
-            if has_nonfinite(t):
+            # a storage already scanned whole and found finite (see has_nonfinite) skips the call
+            buf = getattr(t.untyped_storage(), "_rbln", None)
+            if (buf is None or buf.scanned is not t.dtype) and has_nonfinite(t):
                 return "nan/inf input"
         if _nonfinite_scalar(op_args, scalars):
             return "nan/inf input"
     if getattr(_tls, "depth", 0):
         _log.warning("Unexpected CPU fallback: reentrant dispatch (already inside RBLN compile op)")
         return "reentrant"
-    return _perf_rules(entry, tensors, op_args, kwargs)
+    if unaligned:
+        return "last-dim-not-64-aligned"
+    return _div_rule(entry, tensors, kwargs)
 
 
 def _check_slow(entry, tensors, dtype_tensors, scalars, op_args, kwargs, off) -> str | None:
@@ -214,6 +222,10 @@ def _perf_rules(entry, direct, op_args, kwargs) -> str | None:
         for t in direct:
             if t.dim() and t.shape[-1] % 64 and t.dtype not in STRICT_DTYPES:
                 return "last-dim-not-64-aligned"
+    return _div_rule(entry, direct, kwargs)
+
+
+def _div_rule(entry, direct, kwargs) -> str | None:
     if entry.name == "div.out_mode":
         mode = kwargs.get("rounding_mode")
         if mode in ("trunc", "floor") and any(t.dtype in (torch.float16, torch.bfloat16) for t in direct):

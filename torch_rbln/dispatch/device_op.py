@@ -20,7 +20,7 @@ import torch
 from .. import config, events
 from ..log import user_stacklevel
 from ..runtime import compiler, devices, lowering
-from ..runtime.storage import buffer_of, new_tensor, wrap_host
+from ..runtime.storage import buffer_of, new_device_tensor, wrap_host
 from . import checks, factories, fallback
 from .copy import covers
 from .optable import OpEntry
@@ -29,13 +29,14 @@ _record = events.record
 _perf_ns = time.perf_counter_ns
 _Tensor = torch.Tensor
 _lookup = compiler._cache.get
+_tls = checks._tls
 
 
 def _sig(v, ids: dict):
     """Cache-key signature of one argument: tensor metadata, typed scalars, alias pattern."""
     if isinstance(v, _Tensor):
         first = ids.setdefault(id(v), len(ids))
-        if v.device.type == "cpu" and v.dim() == 0:       # a scalar operand: baked in
+        if v.is_cpu and v.dim() == 0:                     # a scalar operand: baked in
             return ("scalar", v.dtype, v.item(), first)
         return (v.shape, v.dtype, v.is_contiguous(), first)
     if v is None or isinstance(v, (bool, int, float, str)):
@@ -49,7 +50,7 @@ def _host_args(args):
     """Host views of the rbln arguments (a physical d2h for device-latest data)."""
     out = []
     for a in args:
-        if isinstance(a, _Tensor) and a.device.type == "rbln":
+        if isinstance(a, _Tensor) and a.get_device() >= 0:     # rbln (CPU and meta: -1)
             b = buffer_of(a)
             b.host_read()
             a = b.host_alias(a)
@@ -57,16 +58,20 @@ def _host_args(args):
     return out
 
 
-def _owns_dense(x: torch.Tensor) -> bool:
-    """``x`` spans exactly its own storage (dense, offset 0): it can become a buffer as is."""
-    return (x.storage_offset() == 0 and x.untyped_storage().nbytes() == x.numel() * x.element_size()
-            and (x.is_contiguous() or 0 not in x.stride()))
+def _owned_nbytes(x: torch.Tensor) -> int | None:
+    """The size of ``x``'s storage if ``x`` spans exactly all of it (dense, offset 0, so it
+    can become a buffer as is), else None."""
+    n = x.untyped_storage().nbytes()
+    if (x.storage_offset() == 0 and n == x.numel() * x.itemsize
+            and (x.is_contiguous() or 0 not in x.stride())):
+        return n
+    return None
 
 
 def _wrap_result(x, index):
     """A fresh CPU result (host memory) as an rbln tensor, host-latest, no copy."""
     if isinstance(x, _Tensor):
-        if not _owns_dense(x):
+        if _owned_nbytes(x) is None:
             x = x.clone(memory_format=torch.contiguous_format)
         return wrap_host(x, index)
     if isinstance(x, (list, tuple)):
@@ -102,12 +107,12 @@ def _deliver_device(result, out, index: int):
     """Make ``result`` (computed in device memory) the data of ``out`` or of a new rbln tensor."""
     if out is None:
         if isinstance(result, _Tensor):
-            # a fresh kernel output owns its storage; anything else is checked
-            if result._base is not None or not _owns_dense(result):
+            # a fresh kernel output owns its storage (dense, offset 0); anything else is copied
+            nbytes = _owned_nbytes(result) if result._base is None else None
+            if nbytes is None:
                 result = result.clone(memory_format=torch.contiguous_format)
-            t = new_tensor(result.shape, result.stride(), result.dtype, index)
-            buffer_of(t).adopt_device(result)
-            return t
+                nbytes = result.numel() * result.itemsize
+            return new_device_tensor(result, nbytes, index)
         if isinstance(result, (list, tuple)):
             return type(result)(_deliver_device(r, None, index) for r in result)
         return result
@@ -184,12 +189,13 @@ def make_kernel(entry: OpEntry, registered_name: str):
             a = args[i]
             if not isinstance(a, _Tensor):
                 continue
-            if a.device.type == "rbln":
+            d = a.get_device()      # an rbln tensor's index; -1 for CPU (and meta) tensors
+            if d >= 0:
                 tensors.append(a)
                 if index is None:
-                    index = a.device.index
-                elif a.device.index != index:
-                    raise devices.mixed_devices(index, a.device.index)
+                    index = d
+                elif d != index:
+                    raise devices.mixed_devices(index, d)
             elif a.dim() == 0:
                 scalars.append(a)     # a wrapped Python scalar
                 continue
@@ -229,16 +235,22 @@ def make_kernel(entry: OpEntry, registered_name: str):
 
         dev_args = []
         for a in args:
-            if isinstance(a, _Tensor) and a.device.type == "rbln":
+            if isinstance(a, _Tensor) and a.get_device() >= 0:
                 b = buffer_of(a)
                 b.device_read()
-                a = b.device_alias(a)
+                a = b.device_input(a)
             dev_args.append(a)
-        checks.enter_program()
+        # checks.enter_program / exit_program, inlined (once per op)
+        depth = getattr(_tls, "depth", 0)
+        _tls.depth = depth + 1
         try:
             result = prog.run(*dev_args, **kwargs)
         finally:
-            checks.exit_program()
+            _tls.depth = depth
+        for a in dev_args:
+            if result is a:     # the program returned an operand's device memory (see
+                result = result.clone()     # device_input): the output needs its own
+                break
         return _deliver_device(result, out, index)
 
     kernel.__name__ = "rbln_" + registered_name.replace(".", "_")

@@ -54,7 +54,7 @@ def _dev(t):
         return t
     b = buffer_of(t)
     b.device_read()
-    return b.device_alias(t)
+    return b.device_input(t)
 
 
 def _host(t):

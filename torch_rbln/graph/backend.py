@@ -118,11 +118,16 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode):
     return run
 
 
+def _output_values(gm: torch.fx.GraphModule) -> tuple:
+    """The traced value (``meta["val"]``) of each of the graph's results, or None."""
+    res = gm.graph.output_node().args[0]
+    return tuple(getattr(o, "meta", {}).get("val")
+                 for o in (res if isinstance(res, (tuple, list)) else (res,)))
+
+
 def _rbln_outputs(sub: torch.fx.GraphModule) -> tuple:
-    outs = sub.graph.output_node().args[0]
-    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-    return tuple(isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor)
-                 and v.device.type == "rbln" for o in outs)
+    return tuple(isinstance(v, torch.Tensor) and v.device.type == "rbln"
+                 for v in _output_values(sub))
 
 
 def _spec_shape(t: torch.Tensor) -> tuple:
@@ -135,9 +140,7 @@ def _specs(gm: torch.fx.GraphModule):
         v = n.meta.get("val")
         if isinstance(v, torch.Tensor):
             ins.append(programs.InputSpec(n.name, _spec_shape(v), v.dtype, len(ins)))
-    res = gm.graph.output_node().args[0]
-    for i, o in enumerate(res if isinstance(res, (tuple, list)) else (res,)):
-        v = getattr(o, "meta", {}).get("val")
+    for i, v in enumerate(_output_values(gm)):
         if isinstance(v, torch.Tensor):
             outs.append(programs.OutputSpec(_spec_shape(v), v.dtype, i))
     return tuple(ins), tuple(outs)

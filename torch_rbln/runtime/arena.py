@@ -67,6 +67,19 @@ class Arena:
         if c > self.peak[key]:
             self.peak[key] = c
 
+    def _add_tensor_bytes(self, n: int) -> None:
+        """``_add`` of "allocated" and "active" (they move together on every malloc), inlined:
+        this runs once per op output."""
+        cur, peak, total = self.cur, self.peak, self.total_alloc
+        a = cur["allocated"] = cur["allocated"] + n
+        b = cur["active"] = cur["active"] + n
+        total["allocated"] += n
+        total["active"] += n
+        if a > peak["allocated"]:
+            peak["allocated"] = a
+        if b > peak["active"]:
+            peak["active"] = b
+
     def _sub(self, key: str, n: int) -> None:
         self.cur[key] -= n
         self.total_freed[key] += n
@@ -105,8 +118,7 @@ class Arena:
             if lst:
                 mem = lst.pop()
                 self.cached -= size
-                self._add("allocated", size)
-                self._add("active", size)
+                self._add_tensor_bytes(size)
                 return Block(size, mem if with_memory else None, self)
             if self.cur["reserved"] + size > self.capacity:
                 if self.cached:
@@ -123,8 +135,7 @@ class Arena:
                         f"({self.cur['reserved']} bytes) reserved in total. Free tensors, call "
                         f"torch.rbln.empty_cache(), or raise TORCH_RBLN_DEVICE_MEMORY.")
             self._add("reserved", size)
-            self._add("allocated", size)
-            self._add("active", size)
+            self._add_tensor_bytes(size)
             self.num_device_alloc += 1
             if self.cur["reserved"] > self.reserved_peak_ever:
                 self.reserved_peak_ever = self.cur["reserved"]
@@ -135,8 +146,11 @@ class Arena:
         size = block.size
         mem, block.mem = block.mem, None
         with self._lock:
-            self._sub("allocated", size)
-            self._sub("active", size)
+            cur, freed = self.cur, self.total_freed
+            cur["allocated"] -= size
+            cur["active"] -= size
+            freed["allocated"] += size
+            freed["active"] += size
             if mem is not None and mem.numel() == size and mem.dtype == torch.uint8:
                 self._cache.setdefault(size, []).append(mem)
                 self.cached += size

@@ -27,6 +27,7 @@ while any tensor uses it); its ``__del__`` returns the device block and the host
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import torch
@@ -86,7 +87,7 @@ host_pool = HostPool()
 
 class Buffer:
     __slots__ = ("index", "nbytes", "host", "block", "state", "pooled", "_hflat", "_dflat",
-                 "scanned", "__weakref__")
+                 "_dalias", "scanned", "__weakref__")
 
     def __init__(self, index: int, host: torch.Tensor, nbytes: int, pooled: bool,
                  flats: dict | None = None):
@@ -98,6 +99,7 @@ class Buffer:
         self.pooled = pooled
         self._hflat = {} if flats is None else flats   # dtype -> flat CPU tensor over host
         self._dflat = {}            # dtype -> flat CPU tensor over the device block
+        self._dalias = {}           # (dtype, size, stride, offset) -> alias (device_input)
         self.scanned = None         # dtype the NaN/Inf scan found all finite (until a write)
 
     def __del__(self):
@@ -117,9 +119,11 @@ class Buffer:
         if b is None:
             b = self.block = devices.arena(self.index).malloc(self.nbytes, with_memory)
             self._dflat.clear()
+            self._dalias.clear()
         elif b.mem is None and with_memory:
             b.mem = torch.empty(b.size, dtype=torch.uint8)
             self._dflat.clear()
+            self._dalias.clear()
         return b
 
     def _push(self):
@@ -166,6 +170,7 @@ class Buffer:
             b = self.block = devices.arena(self.index).malloc(self.nbytes, with_memory=False)
         b.mem = mem
         self._dflat.clear()
+        self._dalias.clear()
         self.state = DEVICE
         self.scanned = None
 
@@ -179,7 +184,11 @@ class Buffer:
             # resize an alias fails loudly instead of moving the memory under the rbln storage
             st = mem.untyped_storage()
             alias = _cpu_storage(st.data_ptr(), _CPU, st.nbytes())
-            f = cache[dtype] = torch.empty(0, dtype=dtype).set_(alias, 0, (st.nbytes() // dtype.itemsize,), (1,))
+            # a normal tensor even under inference mode: the flat outlives the call (host
+            # views are pooled) and is written in place outside inference mode too
+            with torch.inference_mode(False):
+                f = cache[dtype] = torch.empty(0, dtype=dtype).set_(
+                    alias, 0, (st.nbytes() // dtype.itemsize,), (1,))
         return f
 
     def _hbytes(self) -> torch.Tensor:
@@ -197,6 +206,29 @@ class Buffer:
         """A CPU tensor with ``t``'s metadata over the device buffer (no residency change)."""
         return _lazy_bits(t, self._flat(self.block.mem, self._dflat, t.dtype).as_strided(
             t.size(), t.stride(), t.storage_offset()))
+
+    def device_input(self, t: torch.Tensor) -> torch.Tensor:
+        """``device_alias`` for a program operand: data and metadata are only read.
+
+        The alias may be shared between calls, so it must never be resized or restrided:
+        either the adopted program output that *is* the device memory, when ``t`` spans it
+        unchanged (one op's result feeding the next), or an alias cached per metadata (weights
+        and other long-lived operands; dropped whenever the memory changes)."""
+        mem = self.block.mem
+        dtype, size, stride, offset = t.dtype, t.shape, t.stride(), t.storage_offset()
+        if mem.dtype is dtype and not offset and mem.shape == size and mem.stride() == stride:
+            return _lazy_bits(t, mem)
+        key = (dtype, size, stride, offset)
+        cache = self._dalias
+        a = cache.get(key)
+        if a is None:
+            if len(cache) >= _ALIAS_CACHE:   # many views of one storage (a KV cache): start over
+                cache.clear()
+            a = cache[key] = self._flat(mem, self._dflat, dtype).as_strided(size, stride, offset)
+        return _lazy_bits(t, a)
+
+
+_ALIAS_CACHE = 8     # aliases kept per Buffer by device_input
 
 
 def _lazy_bits(t: torch.Tensor, alias: torch.Tensor) -> torch.Tensor:
@@ -240,6 +272,18 @@ def storage_nbytes(size, stride, itemsize: int) -> int:
     return n * itemsize
 
 
+_ENV = getattr(os.environ, "_data", None)
+_EAGER_KEY = b"TORCH_RBLN_EAGER_MALLOC"
+
+
+def _eager_malloc() -> bool:
+    """TORCH_RBLN_EAGER_MALLOC, read at every allocation; while it is unset (the common case)
+    that costs one lookup in the environment's own mapping."""
+    if _ENV is not None and _EAGER_KEY not in _ENV:
+        return False
+    return config.live("TORCH_RBLN_EAGER_MALLOC")
+
+
 def new_tensor(size, stride, dtype: torch.dtype, index: int) -> torch.Tensor:
     """A fresh rbln tensor: host view from the pool, device buffer booked lazily."""
     nbytes = storage_nbytes(size, stride, dtype.itemsize)
@@ -248,8 +292,26 @@ def new_tensor(size, stride, dtype: torch.dtype, index: int) -> torch.Tensor:
     t = _wrap(cpu, index)
     buf = Buffer(index, host, nbytes, True, flats)
     t.untyped_storage()._rbln = buf
-    if config.live("TORCH_RBLN_EAGER_MALLOC"):
+    if _eager_malloc():
         buf._ensure_block()
+    return t
+
+
+def new_device_tensor(mem: torch.Tensor, nbytes: int, index: int) -> torch.Tensor:
+    """A fresh rbln tensor whose device buffer *is* ``mem``, a program output that owns its
+    whole dense storage of ``nbytes`` bytes (device-latest, nothing copied).
+
+    ``new_tensor`` followed by ``adopt_device``, in one step: this runs once per op output."""
+    host, flats = host_pool.get(nbytes)
+    t = _wrap(Buffer._flat(host, flats, mem.dtype).as_strided(mem.size(), mem.stride()), index)
+    buf = Buffer(index, host, nbytes, True, flats)
+    t.untyped_storage()._rbln = buf
+    # the variable is still validated as at every allocation, but an adopted output is booked
+    # now either way (with or without it, the arena's statistics move alike)
+    _eager_malloc()
+    block = buf.block = devices.arena(index).malloc(nbytes, with_memory=False)
+    block.mem = mem
+    buf.state = DEVICE
     return t
 
 
@@ -261,7 +323,7 @@ def wrap_host(cpu: torch.Tensor, index: int) -> torch.Tensor:
     t = _wrap(cpu, index)
     buf = Buffer(index, base, t.untyped_storage().nbytes(), False)
     t.untyped_storage()._rbln = buf
-    if config.live("TORCH_RBLN_EAGER_MALLOC"):
+    if _eager_malloc():
         buf._ensure_block()
     return t
 
