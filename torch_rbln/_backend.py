@@ -53,7 +53,7 @@ def setup() -> None:
     _patch_module_apply()
     _patch_accelerator()
     # backward on rbln:1+ needs single-threaded autograd (the Python device guard reports one
-    # device); see backward.py and docs/devices.md
+    # device); see backward.py and README "Backward on rbln:1 and up"
     from . import backward
     backward.install()
 

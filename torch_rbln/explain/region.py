@@ -102,7 +102,7 @@ class RBLNExplain:
         return self._dump
 
     def dump(self) -> dict:
-        """Every counter of the region as raw numbers (schema: see docs/explain.md)."""
+        """Every counter of the region as raw numbers (schema: torch_rbln/explain/measure.py)."""
         return copy.deepcopy(self._closed_dump())
 
     def verdict(self) -> dict:
