@@ -41,6 +41,7 @@ STATE_NAMES = {HOST: "host-latest", DEVICE: "device-latest", SYNCED: "synced"}
 CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CPU = torch.device("cpu")
 _cpu_storage = torch._C._construct_storage_from_data_pointer
+_InferenceMode = torch._C._InferenceMode    # the C++ guard behind torch.inference_mode
 _record = events.record
 
 
@@ -186,7 +187,7 @@ class Buffer:
             alias = _cpu_storage(st.data_ptr(), _CPU, st.nbytes())
             # a normal tensor even under inference mode: the flat outlives the call (host
             # views are pooled) and is written in place outside inference mode too
-            with torch.inference_mode(False):
+            with _InferenceMode(False):
                 f = cache[dtype] = torch.empty(0, dtype=dtype).set_(
                     alias, 0, (st.nbytes() // dtype.itemsize,), (1,))
         return f
