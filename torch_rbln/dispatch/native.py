@@ -80,7 +80,8 @@ def _run(name, compute, sources, out, index, primitive="v2v_multi"):
 
 
 def _strided_fallback(op, args, kwargs, why: str, nbytes: int):
-    name = op.name()
+    # named after the out= overload the copy engine registers, as reports name device ops
+    name = op.name() if op.name().endswith(".out") else op.name() + ".out"
     if "strided_copy_error" in config.live("TORCH_RBLN_DISABLE_FALLBACK"):
         raise StridedCopyError(f"{name}: batched strided copy failed: {why}")
     _record("v2v_reject", "dtype_mismatch" if "dtype" in why else "src_not_on_device", nbytes)
