@@ -23,6 +23,7 @@ def touch(t):
 
 
 def test_allocation_is_lazy_until_first_device_use():
+    gc.collect()              # garbage of earlier tests must not be freed mid-test
     torch.rbln.empty_cache()
     before = torch.rbln.memory_allocated()
     t = torch.empty(1000, 100, device=D)
@@ -35,6 +36,7 @@ def test_allocation_is_lazy_until_first_device_use():
 
 
 def test_stats_are_exact_sums_of_rounded_blocks():
+    gc.collect()
     torch.rbln.empty_cache()
     torch.rbln.reset_peak_memory_stats()
     base = torch.rbln.memory_stats()
@@ -65,6 +67,7 @@ def test_stats_are_exact_sums_of_rounded_blocks():
 
 
 def test_cached_block_is_reused():
+    gc.collect()
     torch.rbln.empty_cache()
     a = touch(torch.empty(3000, dtype=torch.uint8, device=D))
     reserved = torch.rbln.memory_reserved()

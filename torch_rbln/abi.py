@@ -63,6 +63,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("torch._C._len_torch_dispatch_stack", "dispatch-mode pre-dispatch check"),
     Hook("torch._C.TensorType", "reading operator schemas in the CPU fallback"),
     Hook("torch._C._AutoDispatchBelowAutograd", "device kernels that bypass autograd"),
+    Hook("torch._C._InferenceMode", "cached host/device views made outside inference mode"),
     Hook("torch.nn.Module._apply", "Module.to(rbln) keeps tied parameters tied"),
     Hook("torch.UntypedStorage.__new__", "UntypedStorage(n, device=rbln): clone, deepcopy, torch.load"),
     Hook("torch.utils._python_dispatch.TorchDispatchMode", "op lowering in the compiler"),
