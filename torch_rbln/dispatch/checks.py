@@ -56,28 +56,13 @@ def configure() -> None:
     STRICT_DTYPES = frozenset(_DTYPES[n] for n in config.latched("TORCH_RBLN_DISPATCH_STRICT"))
 
 
+# per-thread count of device programs running (drives the ``reentrant`` check); the kernel
+# in device_op.py raises and restores it around each program
 _tls = threading.local()
 
 
 def depth() -> int:
     return getattr(_tls, "depth", 0)
-
-
-def enter_program() -> None:
-    """A device program starts running (drives the ``reentrant`` check)."""
-    _tls.depth = getattr(_tls, "depth", 0) + 1
-
-
-def exit_program() -> None:
-    _tls.depth -= 1
-
-
-class inside_program:
-    def __enter__(self):
-        enter_program()
-
-    def __exit__(self, *exc):
-        exit_program()
 
 
 _warned_dev = False

@@ -240,7 +240,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
                 b.device_read()
                 a = b.device_input(a)
             dev_args.append(a)
-        # checks.enter_program / exit_program, inlined (once per op)
+        # inside a device program: the `reentrant` check sees it
         depth = getattr(_tls, "depth", 0)
         _tls.depth = depth + 1
         try:

@@ -83,10 +83,6 @@ def host() -> Host:
     return _host
 
 
-def physical_npus() -> int:
-    return host().npus
-
-
 def _visible(h: Host) -> tuple[int, ...]:
     """System ids of the NPUs this process may use. RBLN_DEVICES wins over its alias."""
     for name in ("RBLN_DEVICES", "RBLN_VISIBLE_DEVICES"):
