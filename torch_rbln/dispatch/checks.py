@@ -61,10 +61,6 @@ def configure() -> None:
 _tls = threading.local()
 
 
-def depth() -> int:
-    return getattr(_tls, "depth", 0)
-
-
 _warned_dev = False
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
 _isfinite = math.isfinite
