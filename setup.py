@@ -1,0 +1,35 @@
+"""Builds the native core (``torch_rbln._C``) from ``torch_rbln/csrc/*.cpp`` with PyTorch's own
+extension tooling, against the headers of the pinned torch. ``pip install .`` / ``-e .`` run it."""
+
+import glob
+import shutil
+import sys
+
+from setuptools import setup
+
+
+def _require_toolchain() -> None:
+    """Fail early, naming what is missing, instead of deep inside the compiler driver."""
+    missing = [tool for tool in ("g++",) if shutil.which(tool) is None and shutil.which("c++") is None]
+    if missing:
+        sys.exit("torch-rbln: building the native core needs a C++17 compiler (g++ or c++ on PATH); "
+                 "install one (e.g. `apt-get install g++`) and rerun the install.")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        sys.exit("torch-rbln: building the native core needs torch==2.13.0 in the build "
+                 "environment (pyproject.toml lists it under build-system.requires).")
+
+
+_require_toolchain()
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+
+setup(
+    ext_modules=[CppExtension(
+        "torch_rbln._C",
+        sorted(glob.glob("torch_rbln/csrc/*.cpp")),
+        extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
+    )],
+    # ninja (from the machine) compiles the files in parallel; without it the build is serial
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
+)
