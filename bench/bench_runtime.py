@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from torch_rbln.runtime.storage import buffer_of
+from torch_rbln.runtime.storage import state_of
 
 
 def per_call_us(fn, n: int, repeat: int = 5) -> float:
@@ -65,9 +65,9 @@ def main(quick: bool) -> None:
 
         def round_trip():
             r = x.to("rbln")                 # host view written
-            buf = buffer_of(r)
-            buf.device_read()                # h2d push at first device use
-            buf.device_write(whole=True)     # a device program overwrote it
+            state = state_of(r)
+            state.device_read()              # h2d push at first device use
+            state.device_write(whole=True)   # a device program overwrote it
             dst.copy_(r)                     # physical d2h, then into the CPU tensor
 
         def cpu_twice():

@@ -103,11 +103,11 @@ def test_simulated_missing_hook_is_a_mismatch(path):
 
 def test_missing_hook_fails_the_import_clearly():
     r = run_code("import torch\n"
-                 "del torch._C._from_dlpack\n"
+                 "del torch._C._len_torch_dispatch_stack\n"
                  "import torch_rbln\n", env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert r.returncode != 0
     assert ("ImportError: RBLN ABI mismatch: torch lacks 1 private hook(s) the backend depends "
-            "on: torch._C._from_dlpack") in r.stderr
+            "on: torch._C._len_torch_dispatch_stack") in r.stderr
     assert "Run `python -m torch_rbln.diagnose` for the full environment report." in r.stderr
 
 

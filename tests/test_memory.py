@@ -11,14 +11,14 @@ import torch
 
 from conftest import run_code
 from torch_rbln.runtime.arena import round_size
-from torch_rbln.runtime.storage import buffer_of
+from torch_rbln.runtime.storage import state_of
 
 D = "rbln"
 
 
 def touch(t):
     """First device use of ``t`` (a device op reads it)."""
-    buffer_of(t).device_read()
+    state_of(t).device_read()
     return t
 
 
@@ -110,14 +110,14 @@ def test_memory_api_device_arguments():
 
 OOM_SCRIPT = r"""
 import json, torch
-from torch_rbln.runtime.storage import buffer_of
+from torch_rbln.runtime.storage import state_of
 keep = torch.arange(1024, dtype=torch.float32, device="rbln")
-buffer_of(keep).device_read()
+state_of(keep).device_read()
 before = torch.rbln.memory_stats()
 big = torch.empty(3 << 20, dtype=torch.uint8, device="rbln")   # host view only: lazy
 err = None
 try:
-    buffer_of(big).device_read()
+    state_of(big).device_read()
 except torch.OutOfMemoryError as e:
     err = str(e)
 after = torch.rbln.memory_stats()

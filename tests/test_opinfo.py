@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from opinfo_known_failures import KNOWN, RANDOM_OPS
-from torch_rbln.runtime.storage import buffer_of
+from torch_rbln.runtime.storage import state_of
 
 SAMPLES = 2
 SAMPLE_TIMEOUT_S = 30
@@ -60,9 +60,9 @@ def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
     the whole storage), so ops that address the storage (``as_strided``) see the same bytes."""
     if t.layout != torch.strided:
         return t.cpu()
-    buf = buffer_of(t)
-    buf.host_read()
-    storage = buf._hbytes().clone().untyped_storage()
+    state = state_of(t)
+    state.host_read()
+    storage = state.host_bytes().clone().untyped_storage()
     out = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())
     if t.is_conj():
         out = out.conj()

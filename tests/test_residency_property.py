@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from torch_rbln import events
-from torch_rbln.runtime.storage import DEVICE, buffer_of
+from torch_rbln.runtime.storage import DEVICE, state_of
 
 D = "rbln"
 SHAPES = [(64,), (4, 64), (2, 3, 64), (8, 8)]
@@ -44,13 +44,13 @@ step = st.one_of(
 
 
 def _read_checked(r: torch.Tensor, c: torch.Tensor):
-    buf = buffer_of(r)
-    state = buf.state
+    st = state_of(r)
+    state = st.residency
     n0, b0 = events.total("d2h")
     got = r.cpu()
     n1, b1 = events.total("d2h")
     if state == DEVICE:
-        assert (n1 - n0, b1 - b0) == (1, buf.nbytes), "a device-latest read is one physical d2h"
+        assert (n1 - n0, b1 - b0) == (1, st.nbytes), "a device-latest read is one physical d2h"
     else:
         assert n1 == n0, "reading a synced or host-latest storage moves nothing"
     assert got.dtype == c.dtype and got.shape == c.shape

@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from torch_rbln.runtime.storage import DEVICE, HOST, SYNCED, buffer_of
+from torch_rbln.runtime.storage import DEVICE, HOST, SYNCED, state_of
 
 D = "rbln"
 
@@ -228,19 +228,19 @@ def test_residency_states_follow_the_rules():
 
     a = torch.ones(64, dtype=torch.float16, device=D)
     b = torch.ones(64, dtype=torch.float16, device=D)
-    assert buffer_of(a).state == HOST and buffer_of(a).block is None   # lazy: no device memory yet
+    assert state_of(a).residency == HOST and not state_of(a).has_device_memory   # lazy
     h0, d0 = count("h2d"), count("d2h")
     c = a + b
     assert count("h2d") - h0 == 2                  # first device use pushes both inputs
-    assert buffer_of(a).state == SYNCED and buffer_of(c).state == DEVICE
+    assert state_of(a).residency == SYNCED and state_of(c).residency == DEVICE
     c.cpu()
     assert count("d2h") - d0 == 1                  # device-latest -> one physical d2h
-    assert buffer_of(c).state == SYNCED
+    assert state_of(c).residency == SYNCED
     c.cpu()
     a.cpu()
     assert count("d2h") - d0 == 1                  # synced and host-latest reads move nothing
     a.copy_(torch.full((64,), 2.0))               # a host write (copy from the CPU)
-    assert buffer_of(a).state == HOST
+    assert state_of(a).residency == HOST
 
 
 def test_storage_construction_clone_and_deepcopy():

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["BUILT_ABI", "TORCH_VERSION", "HOOKS", "Hook", "Result", "handshake", "check"]
 
-# Runtime interface (storage Buffer / arena / DLPack device encoding) this backend targets.
+# Runtime interface (storage state / arena / allocator of the native core) this backend targets.
 # Bump together with the runtime window when that interface changes incompatibly.
 BUILT_ABI = 1
 TORCH_VERSION = "2.13.0"
@@ -63,15 +63,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook("torch._C._len_torch_dispatch_stack", "dispatch-mode pre-dispatch check"),
     Hook("torch._C.TensorType", "reading operator schemas in the CPU fallback"),
     Hook("torch._C._AutoDispatchBelowAutograd", "device kernels that bypass autograd"),
-    Hook("torch._C._InferenceMode", "cached host/device views made outside inference mode"),
     Hook("torch.nn.Module._apply", "Module.to(rbln) keeps tied parameters tied"),
     Hook("torch.UntypedStorage.__new__", "UntypedStorage(n, device=rbln): clone, deepcopy, torch.load"),
     Hook("torch.utils._python_dispatch.TorchDispatchMode", "op lowering in the compiler"),
     Hook("torch._decomp.decomposition_table", "op lowering in the compiler"),
-    # runtime (runtime/storage.py)
-    Hook("torch._C._construct_storage_from_data_pointer", "host/device aliases of rbln memory"),
-    Hook("torch._C._to_dlpack", "rbln tensors on any device index (DLPack route)"),
-    Hook("torch._C._from_dlpack", "rbln tensors on any device index (DLPack route)"),
     # graph mode (graph/backend.py): needed by the first torch.compile(backend="rbln")
     Hook("torch._C._dispatch_has_kernel_for_dispatch_key", "graph partitioning", at_import=False),
     Hook("torch._guards.detect_fake_mode", "graph-mode example inputs", at_import=False),

@@ -5,7 +5,11 @@ bounce, a physical transfer) here, once, where it happens. Counters are process-
 cumulative; tools (explain, the fallback log, diagnose) read them or listen to the stream and
 never keep bookkeeping of their own.
 
-Recording is one dict update; listeners cost nothing while none is attached.
+Recording is one dict update; listeners cost nothing while none is attached. The native core
+counts its own events (``h2d`` / ``d2h`` of residency transitions) in C++ counters without the
+GIL; every read of the stream (``snapshot``, ``total``, ``counters``) folds them in first, and
+while a listener is attached the core hands each event to :func:`record` instead, so listeners
+see every event in order, from the thread and Python call site that caused it.
 
 Kinds and their keys (each counter is ``[count, amount]``; amount is bytes or nanoseconds):
 
@@ -33,16 +37,21 @@ import copy
 import threading
 from typing import Callable
 
-__all__ = ["record", "snapshot", "listen", "unlisten", "counters", "KINDS"]
+__all__ = ["record", "snapshot", "listen", "unlisten", "counters", "total", "KINDS"]
 
 KINDS = (
     "dispatch", "warm_hit", "recompile", "cpu_fallback", "cpu_fallback_reason", "host_op",
     "bounce", "v2v_slow", "v2v_reject", "d2h", "h2d", "runtime",
 )
 
-# kind -> key -> [count, amount]
-counters: dict[str, dict[str, list[int]]] = {k: {} for k in KINDS}
+# kind -> key -> [count, amount]; read as ``counters`` (module __getattr__), which folds in the
+# native counts first
+_counters: dict[str, dict[str, list[int]]] = {k: {} for k in KINDS}
 _lock = threading.Lock()
+
+# the native core's counters: drain() -> [(kind, key, count, amount)], and its listening switch
+_native_drain: Callable[[], list] | None = None
+_native_listening: Callable[[bool], None] | None = None
 
 # Listeners are called as fn(kind, key, amount) after the counter moved. The tuple is
 # replaced, never mutated, so record() can iterate it without a lock.
@@ -51,7 +60,7 @@ _listeners: tuple[Callable[[str, str, int], None], ...] = ()
 
 def record(kind: str, key: str = "", amount: int = 0) -> None:
     """Count one event of ``kind`` under ``key`` carrying ``amount`` bytes or ns."""
-    table = counters[kind]
+    table = _counters[kind]
     c = table.get(key)
     if c is None:
         with _lock:
@@ -63,28 +72,63 @@ def record(kind: str, key: str = "", amount: int = 0) -> None:
             fn(kind, key, amount)
 
 
+def _fold() -> None:
+    """Move what the native core counted since the last read into the Python counters."""
+    if _native_drain is None:
+        return
+    deltas = _native_drain()
+    if not deltas:
+        return
+    with _lock:
+        for kind, key, n, amount in deltas:
+            c = _counters[kind].setdefault(key, [0, 0])
+            c[0] += n
+            c[1] += amount
+
+
+def connect_native(drain: Callable[[], list], set_listening: Callable[[bool], None]) -> None:
+    """Called once by the runtime when the native core loads."""
+    global _native_drain, _native_listening
+    _native_drain, _native_listening = drain, set_listening
+    set_listening(bool(_listeners))
+
+
+def __getattr__(name: str):
+    if name == "counters":
+        _fold()
+        return _counters
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def snapshot() -> dict[str, dict[str, list[int]]]:
     """A deep copy of every counter, for tools that compute deltas between two points."""
+    _fold()
     with _lock:
-        return copy.deepcopy(counters)
+        return copy.deepcopy(_counters)
+
+
+def _set_listeners(fns: tuple) -> None:
+    global _listeners
+    _listeners = fns
+    if _native_listening is not None:
+        _native_listening(bool(fns))
 
 
 def listen(fn: Callable[[str, str, int], None]) -> None:
-    global _listeners
     with _lock:
-        _listeners = _listeners + (fn,)
+        _set_listeners(_listeners + (fn,))
 
 
 def unlisten(fn: Callable[[str, str, int], None]) -> None:
-    global _listeners
     with _lock:
-        _listeners = tuple(f for f in _listeners if f is not fn)
+        _set_listeners(tuple(f for f in _listeners if f is not fn))
 
 
 def total(kind: str) -> tuple[int, int]:
     """(count, amount) summed over every key of ``kind``."""
+    _fold()
     n = a = 0
-    for c, x in list(counters[kind].values()):
+    for c, x in list(_counters[kind].values()):
         n += c
         a += x
     return n, a

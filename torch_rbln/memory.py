@@ -89,16 +89,16 @@ def empty_cache(device=None) -> None:
     """Release cached device blocks and drop the compiled-program caches: everything the user
     is not holding."""
     from .runtime import compiler
-    from .runtime.storage import host_pool
+    from .runtime.storage import clear_host_pool
     compiler.clear_cache()
     graph = sys.modules.get("torch_rbln.graph.backend")   # loaded by the first torch.compile
     if graph is not None:
         graph.drop_all()
-    host_pool.clear()
+    clear_host_pool()
     if devices.count() == 0:
         return
     if device is None:
-        for a in list(devices.arenas().values()):
+        for a in devices.arenas():
             a.empty_cache()
     else:
         a = _arena(device)
@@ -111,7 +111,8 @@ def mem_get_info(device=None) -> tuple[int, int]:
     a = _arena(device)
     if a is None:
         raise RuntimeError("torch.rbln.mem_get_info: no RBLN device is available")
-    return a.capacity - a.cur["reserved"], a.capacity
+    capacity = a.capacity
+    return capacity - a.reserved, capacity
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:

@@ -35,7 +35,7 @@ import warnings
 import torch
 
 from .. import config
-from ..runtime.storage import buffer_of
+from ..runtime.storage import known_finite, state_of
 from .copy import covers
 
 _log = logging.getLogger("torch_rbln")
@@ -90,16 +90,15 @@ def has_nonfinite(t: torch.Tensor) -> bool:
         return False            # bool and integer tensors never count
     if t.get_device() < 0:      # not an rbln tensor
         return not _isfinite(t.sum(dtype=acc).item())
-    buf = buffer_of(t)
-    if buf.scanned is t.dtype:
+    state = state_of(t)
+    if state.finite_dtype is t.dtype:
         return False
-    buf.host_read()
-    whole = covers(t, buf)
-    h = buf._flat(buf.host, buf._hflat, t.dtype)[: buf.nbytes // t.itemsize] if whole \
-        else buf.host_alias(t)
+    state.host_read()
+    whole = covers(t, state)
+    h = state.host_flat(t.dtype) if whole else state.host_alias(t)
     bad = not _isfinite(h.sum(dtype=acc).item())
     if whole and not bad:
-        buf.scanned = t.dtype
+        state.finite_dtype = t.dtype
     return bad
 
 
@@ -163,8 +162,7 @@ def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwa
     if not _deploy():
         for t in tensors:
             # a storage already scanned whole and found finite (see has_nonfinite) skips the call
-            buf = getattr(t.untyped_storage(), "_rbln", None)
-            if (buf is None or buf.scanned is not t.dtype) and has_nonfinite(t):
+            if not known_finite(t) and has_nonfinite(t):
                 return "nan/inf input"
         if _nonfinite_scalar(op_args, scalars):
             return "nan/inf input"

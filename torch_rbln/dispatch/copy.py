@@ -24,16 +24,16 @@ import time
 import torch
 
 from .. import events
-from ..runtime.storage import DEVICE, HOST, SYNCED, buffer_of
+from ..runtime.storage import DEVICE, HOST, SYNCED, host_input, state_of
 from . import factories
 
 _record = events.record
 
 
-def covers(t: torch.Tensor, buf) -> bool:
+def covers(t: torch.Tensor, state) -> bool:
     """``t`` is contiguous and spans its whole storage (a write to it overwrites everything)."""
     return (t.storage_offset() == 0 and t.is_contiguous()
-            and t.numel() * t.element_size() == buf.nbytes)
+            and t.numel() * t.element_size() == state.nbytes)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -41,28 +41,27 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _h2d(src: torch.Tensor, dst: torch.Tensor) -> None:
-    buf = buffer_of(dst)
+    state = state_of(dst)
     if src.dtype != dst.dtype or not src.is_contiguous() or src.shape != dst.shape:
         _record("bounce", "copy_h2d_staging", _nbytes(src))
     if not dst.is_contiguous():
         _record("bounce", "copy_h2d_noncontig_dst", _nbytes(dst))
-    buf.host_write(whole=covers(dst, buf))
-    buf.host_alias(dst).copy_(src)
+    state.host_write(whole=covers(dst, state))
+    state.host_alias(dst).copy_(src)
 
 
 def _d2h(src: torch.Tensor, dst: torch.Tensor) -> None:
-    buf = buffer_of(src)
-    buf.host_read()
-    dst.copy_(buf.host_alias(src))
+    dst.copy_(host_input(src))
 
 
 def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
-    sb, db = buffer_of(src), buffer_of(dst)
+    sb, db = state_of(src), state_of(dst)
     nbytes = _nbytes(src)
+    same = sb == db        # one storage
     direct = (src.dtype == dst.dtype and src.shape == dst.shape and src.is_contiguous()
-              and dst.is_contiguous() and sb is not db and src.device == dst.device)
+              and dst.is_contiguous() and not same and src.device == dst.device)
     if direct:
-        state = sb.state
+        state = sb.residency
         if state == DEVICE:
             t0 = time.perf_counter_ns()
             db.device_write(whole=covers(dst, db))
@@ -80,7 +79,7 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
     _record("bounce", "copy_d2d_host_bounce", nbytes)
     sb.host_read()
     src_cpu = sb.host_alias(src)
-    if sb is db:
+    if same:
         src_cpu = src_cpu.clone()   # overlapping source and destination
     db.host_write(whole=covers(dst, db))
     db.host_alias(dst).copy_(src_cpu)
@@ -112,9 +111,7 @@ def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 def local_scalar_dense(self: torch.Tensor):
     """``.item()``: a host read of one element."""
-    buf = buffer_of(self)
-    buf.host_read()
-    return buf.host_alias(self).item()
+    return host_input(self).item()
 
 
 KERNELS = {

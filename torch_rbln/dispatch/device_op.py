@@ -20,7 +20,7 @@ import torch
 from .. import config, events
 from ..log import user_stacklevel
 from ..runtime import compiler, devices, lowering
-from ..runtime.storage import buffer_of, new_device_tensor, wrap_host
+from ..runtime.storage import device_input, host_input, new_device_tensor, state_of, wrap_host
 from . import checks, factories, fallback
 from .copy import covers
 from .optable import OpEntry
@@ -51,9 +51,7 @@ def _host_args(args):
     out = []
     for a in args:
         if isinstance(a, _Tensor) and a.get_device() >= 0:     # rbln (CPU and meta: -1)
-            b = buffer_of(a)
-            b.host_read()
-            a = b.host_alias(a)
+            a = host_input(a)
         out.append(a)
     return out
 
@@ -97,7 +95,7 @@ def _deliver_host(result, out, index):
         return _wrap_result(result, index)
     if out.shape != result.shape:
         _resize_out(out, result.shape)
-    ob = buffer_of(out)
+    ob = state_of(out)
     ob.host_write(whole=covers(out, ob))
     ob.host_alias(out).copy_(result)
     return out
@@ -118,7 +116,7 @@ def _deliver_device(result, out, index: int):
         return result
     if out.shape != result.shape:
         _resize_out(out, result.shape)
-    ob = buffer_of(out)
+    ob = state_of(out)
     if (result.dtype == out.dtype and result.storage_offset() == 0 and result.is_contiguous()
             and covers(out, ob) and result.untyped_storage().nbytes() == ob.nbytes):
         ob.adopt_device(result)
@@ -236,9 +234,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
         dev_args = []
         for a in args:
             if isinstance(a, _Tensor) and a.get_device() >= 0:
-                b = buffer_of(a)
-                b.device_read()
-                a = b.device_input(a)
+                a = device_input(a)
             dev_args.append(a)
         # inside a device program: the `reentrant` check sees it
         depth = getattr(_tls, "depth", 0)

@@ -1,20 +1,14 @@
-"""Allocation and storage-metadata kernels: empty, empty_strided, resize_, set_."""
+"""Storage-metadata kernels: resize_, set_.
+
+The allocation kernels (``empty.memory_format``, ``empty_strided``) are native
+(``csrc/Allocator.cpp``): every rbln storage, whichever PyTorch path makes it, comes from the
+PrivateUse1 allocator, and its first tensor on a device commits the device mapping."""
 
 from __future__ import annotations
 
 import torch
 
-from ..runtime import devices
-from ..runtime.storage import CPU_KEYSET, buffer_of, new_tensor, storage_nbytes
-
-
-def device_index(device) -> int:
-    """The logical index a new rbln tensor goes to. Creating a tensor is the first real use of a
-    device: it commits the device mapping (``devices.claim``)."""
-    if device is None:
-        return devices.claim(devices.current())
-    idx = device.index if isinstance(device, torch.device) else torch.device(device).index
-    return devices.claim(devices.current() if idx is None else idx)
+from ..runtime.storage import CPU_KEYSET, new_tensor, state_of, storage_nbytes
 
 
 def contiguous_strides(size) -> tuple:
@@ -35,18 +29,6 @@ def _strides_for(size, memory_format) -> tuple:
     return contiguous_strides(size)
 
 
-def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
-                        memory_format=None):
-    size = tuple(size)
-    return new_tensor(size, _strides_for(size, memory_format),
-                      dtype or torch.get_default_dtype(), device_index(device))
-
-
-def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    return new_tensor(tuple(size), tuple(stride), dtype or torch.get_default_dtype(),
-                      device_index(device))
-
-
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 
 
@@ -60,12 +42,11 @@ def resize_(self, size, memory_format=None):
     need = storage_nbytes(size, stride, self.element_size()) + self.storage_offset() * self.element_size()
     st = self.untyped_storage()
     if need > st.nbytes():
-        old = buffer_of(self)
+        old = state_of(self)
         grown = new_tensor((need,), (1,), torch.uint8, old.index)
-        new_buf = buffer_of(grown)
         if old.nbytes:
             old.host_read()
-            new_buf._hbytes()[: old.nbytes].copy_(old._hbytes())
+            state_of(grown).host_bytes()[: old.nbytes].copy_(old.host_bytes())
         st = grown.untyped_storage()
     _set_storage.redispatch(CPU_KEYSET, self, st, self.storage_offset(), size, stride)
     return self
@@ -86,8 +67,6 @@ def set_empty(self):
 
 
 KERNELS = {
-    "empty.memory_format": empty_memory_format,
-    "empty_strided": empty_strided,
     "resize_": resize_,
     "set_.source_Storage": set_source_storage,
     "set_.source_Tensor": set_source_tensor,

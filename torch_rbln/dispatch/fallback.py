@@ -14,7 +14,7 @@ import torch
 
 from .. import config, events
 from ..runtime import devices
-from ..runtime.storage import CPU_KEYSET, buffer_of, wrap_host
+from ..runtime.storage import CPU_KEYSET, state_of, wrap_host
 from . import factories
 
 _record = events.record
@@ -38,11 +38,11 @@ def _to_cpu(x, ctx: _Ctx):
     if isinstance(x, torch.Tensor):
         if x.device.type != "rbln":
             return x
-        buf = buffer_of(x)
-        buf.host_read()
+        state = state_of(x)
+        state.host_read()
         if ctx.index is None:
-            ctx.index = buf.index
-        a = buf.host_alias(x)
+            ctx.index = state.index
+        a = state.host_alias(x)
         ctx.by_ptr.setdefault(a.untyped_storage().data_ptr(), x)
         ctx.aliases.append((a, x))
         return a
@@ -72,17 +72,17 @@ def _mark_written(op: torch._ops.OpOverload, args, kwargs, ctx: _Ctx) -> None:
 
 
 def _sync_back(t: torch.Tensor, ctx: _Ctx) -> None:
-    buf = buffer_of(t)
+    state = state_of(t)
     a = next((a for a, r in ctx.outs if r is t), None)
     if a is not None:
         # an out= stand-in: bring its data (and any resize the kernel did) into the rbln tensor
         if a.shape != t.shape:
             factories.resize_(t, a.shape)
-            buf = buffer_of(t)
-        buf.host_write(whole=False)
-        buf.host_alias(t).copy_(a)
+            state = state_of(t)
+        state.host_write(whole=False)
+        state.host_alias(t).copy_(a)
         return
-    buf.host_write(whole=False)
+    state.host_write(whole=False)
 
 
 _GEN_OPS: dict = {}
@@ -135,7 +135,7 @@ def _fresh_out(x, ctx: _Ctx):
     is copied back (and the rbln tensor resized) afterwards."""
     if isinstance(x, torch.Tensor) and x.device.type == "rbln":
         if ctx.index is None:
-            ctx.index = buffer_of(x).index
+            ctx.index = x.device.index
         f = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
         ctx.outs.append((f, x))
         return f

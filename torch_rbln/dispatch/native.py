@@ -23,8 +23,8 @@ import torch
 
 from .. import config, events
 from ..runtime import devices
-from ..runtime.storage import DEVICE, HOST, buffer_of
-from . import device_op, factories, fallback
+from ..runtime.storage import DEVICE, HOST, device_input, host_input, state_of
+from . import device_op, fallback
 from .copy import covers
 
 _record = events.record
@@ -44,25 +44,17 @@ def _rbln(t) -> bool:
 def _on_device(tensors) -> bool:
     """Run on the device iff some source's latest data already is there."""
     for t in tensors:
-        if _rbln(t) and t.numel() and buffer_of(t).state != HOST:
+        if _rbln(t) and t.numel() and state_of(t).residency != HOST:
             return True
     return False
 
 
 def _dev(t):
-    if not _rbln(t):
-        return t
-    b = buffer_of(t)
-    b.device_read()
-    return b.device_input(t)
+    return device_input(t) if _rbln(t) else t
 
 
 def _host(t):
-    if not _rbln(t):
-        return t
-    b = buffer_of(t)
-    b.host_read()
-    return b.host_alias(t)
+    return host_input(t) if _rbln(t) else t
 
 
 def _run(name, compute, sources, out, index, primitive="v2v_multi"):
@@ -169,8 +161,8 @@ def arange_start_out(start, end, step=1, *, out):
 def clone(self, *, memory_format=None):
     mf = torch.preserve_format if memory_format is None else memory_format
     if self.numel() == 0:
-        return factories.empty_strided(self.shape, self.stride(), dtype=self.dtype,
-                                       device=self.device)
+        return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype,
+                                   device=self.device)
     return _run("clone", lambda v: v(self).clone(memory_format=mf), [self], None,
                 self.device.index, primitive="v2v")
 
@@ -179,14 +171,14 @@ def _fill(self, value):
     """Set every element of ``self`` on the side its storage's latest data is."""
     if self.numel() == 0:
         return self
-    buf = buffer_of(self)
-    whole = covers(self, buf)
-    if buf.state == DEVICE:
-        buf.device_write(whole=whole)
-        buf.device_alias(self).fill_(value)
+    state = state_of(self)
+    whole = covers(self, state)
+    if state.residency == DEVICE:
+        state.device_write(whole=whole)
+        state.device_alias(self).fill_(value)
     else:                   # host-latest or synced: the host copy is current, write it there
-        buf.host_write(whole=whole)
-        buf.host_alias(self).fill_(value)
+        state.host_write(whole=whole)
+        state.host_alias(self).fill_(value)
     return self
 
 

@@ -46,10 +46,9 @@ def _reasons(d: dict[str, tuple[int, int]]) -> dict[str, int]:
 
 def device_memory() -> dict:
     """Reserved device memory, summed over the arenas in use: now and the process-wide peak."""
-    from ..runtime import devices
-    arenas = list(devices.arenas().values())
-    return {"current_bytes": sum(a.cur["reserved"] for a in arenas),
-            "peak_bytes": sum(a.reserved_peak_ever for a in arenas)}
+    from ..runtime.arena import reserved_totals
+    current, peak = reserved_totals()
+    return {"current_bytes": current, "peak_bytes": peak}
 
 
 def _proc_threads() -> int:

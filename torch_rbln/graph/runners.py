@@ -9,7 +9,7 @@ Residency follows the rules of ``runtime/storage.py`` at every crossing:
   the same ``h2d``/``d2h`` events, kept without an rbln storage (they are never visible to the
   user and never written, so both sides may share one memory: the per-crossing cost is a
   state check instead of an allocation and a copy);
-* graph results become rbln tensors (:class:`Results`) whose Buffer holds the state reached.
+* graph results become rbln tensors (:class:`Results`) whose storage takes the state reached.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import torch
 
 from .. import events
-from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, buffer_of, new_tensor,
+from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, new_tensor, state_of,
                                storage_nbytes, wrap_host)
 from .placement import NO_KERNEL, Placement
 
@@ -69,7 +69,7 @@ class _Partition(torch.nn.Module):
             if type(a) is Staged:
                 a = a.read(device_side)
             elif isinstance(a, torch.Tensor) and a.device.type == "rbln":
-                b = buffer_of(a)
+                b = state_of(a)
                 if device_side:
                     b.device_read()
                     c = b.device_alias(a)
@@ -143,7 +143,7 @@ class HostPartition(_Partition):
 
 
 class Results(torch.nn.Module):
-    """The graph's results as rbln tensors; each Buffer takes the state its value reached."""
+    """The graph's results as rbln tensors; each storage takes the state its value reached."""
 
     def __init__(self, index: int):
         super().__init__()
@@ -153,16 +153,16 @@ class Results(torch.nn.Module):
         o = s.t if _owns_storage(s.t) else s.t.clone(memory_format=torch.contiguous_format)
         if s.on_device:
             t = new_tensor(tuple(o.size()), tuple(o.stride()), o.dtype, self.index)
-            b = buffer_of(t)
+            b = state_of(t)
             b.adopt_device(o)
             if s.state == SYNCED:             # the host already holds a copy too
                 b.host_alias(t).copy_(o)
         else:
             t = wrap_host(o, self.index)
-            b = buffer_of(t)
+            b = state_of(t)
             if s.state == SYNCED:             # the device already holds a copy too
                 b.adopt_device(o.clone())
-        b.state = s.state
+        b.residency = s.state
         return t
 
     def forward(self, *values):

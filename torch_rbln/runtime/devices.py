@@ -62,7 +62,6 @@ class Plan:
 _lock = threading.RLock()
 _host: Host | None = None
 _committed: Plan | None = None
-_arenas: dict = {}
 
 
 def host() -> Host:
@@ -208,22 +207,15 @@ def mixed_devices(first: int, other: int) -> RuntimeError:
 
 
 def arena(index: int):
-    a = _arenas.get(index)
-    if a is not None:
-        return a
+    """The arena of logical device ``index`` (commits the mapping; the index is range-checked)."""
     from .arena import Arena  # torch-dependent: imported on first device use only
-    with _lock:
-        p = commit()
-        if not 0 <= index < len(p.groups):
-            raise RuntimeError(f"rbln device index {index} is out of range [0, {len(p.groups)})")
-        a = _arenas.get(index)
-        if a is None:
-            a = _arenas[index] = Arena(index, p.memory_per_npu * len(p.groups[index]))
-        return a
+    return Arena(index)
 
 
-def arenas() -> dict:
-    return _arenas
+def arenas() -> list:
+    """The arenas of the committed mapping (none before the first real use)."""
+    from .arena import in_use
+    return in_use() if _committed is not None else []
 
 
 def summary_text(p: Plan) -> str:

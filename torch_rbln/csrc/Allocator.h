@@ -1,0 +1,34 @@
+// The PrivateUse1 allocator: every rbln storage's memory is a host view with a StorageState as
+// its DataPtr context (Storage.h), and the allocation kernels (empty.memory_format,
+// empty_strided) that make rbln tensors on any logical device.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+
+namespace rbln {
+
+c10::Allocator* allocator();
+
+// The logical device of allocations on this thread while alive (the allocation kernels set it,
+// so a storage lands on the requested index whatever the current device is).
+class AllocationDevice {
+ public:
+  explicit AllocationDevice(c10::DeviceIndex index);
+  ~AllocationDevice();
+  AllocationDevice(const AllocationDevice&) = delete;
+  AllocationDevice& operator=(const AllocationDevice&) = delete;
+
+ private:
+  c10::DeviceIndex previous_;
+};
+
+// The thread's current rbln device: the device guard's, unless a source is set (while the
+// device guard is the Python one, which always reports device 0).
+c10::DeviceIndex current_device();
+void set_current_device_source(c10::DeviceIndex (*source)());
+
+// Installs the allocator for PrivateUse1 and registers the allocation kernels (once).
+void register_allocator_and_kernels();
+
+}  // namespace rbln

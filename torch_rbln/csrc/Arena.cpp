@@ -1,0 +1,208 @@
+#include "Arena.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+namespace rbln {
+
+namespace {
+
+std::string fmt_bytes(int64_t n) {
+  static const struct {
+    const char* unit;
+    int64_t div;
+  } units[] = {{"GiB", int64_t(1) << 30}, {"MiB", int64_t(1) << 20}, {"KiB", int64_t(1) << 10}};
+  for (const auto& u : units) {
+    if (n >= u.div) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%.2f %s", double(n) / double(u.div), u.unit);
+      return buf;
+    }
+  }
+  return std::to_string(n) + " bytes";
+}
+
+bool reusable(const at::Tensor& m, int64_t size) {
+  return m.defined() && m.scalar_type() == at::kByte && m.numel() == size && m.is_contiguous();
+}
+
+}  // namespace
+
+Block Arena::malloc(int64_t nbytes, bool with_memory) {
+  const int64_t size = round_block(nbytes);
+  // memory let go of here is destroyed after the lock is released (a tensor's teardown may
+  // need the GIL, which a thread waiting for this lock may hold)
+  at::Tensor dropped;
+  std::vector<at::Tensor> released;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cache_.find(size);
+    if (it != cache_.end() && !it->second.empty()) {
+      at::Tensor mem = std::move(it->second.back());
+      it->second.pop_back();
+      stats_.cached -= size;
+      stats_.allocated.add(size);
+      stats_.active.add(size);
+      if (with_memory) {
+        return Block{size, std::move(mem)};
+      }
+      dropped = std::move(mem);
+    } else {
+      if (stats_.reserved.current + size > capacity_) {
+        if (stats_.cached) {
+          stats_.num_alloc_retries += 1;
+          released = release_cache_locked();
+          if (stats_.reserved.current + size > capacity_) {
+            stats_.num_ooms += 1;
+            out_of_memory(size);
+          }
+        } else {
+          stats_.num_ooms += 1;
+          out_of_memory(size);
+        }
+      }
+      stats_.reserved.add(size);
+      stats_.allocated.add(size);
+      stats_.active.add(size);
+      stats_.num_device_alloc += 1;
+      if (stats_.reserved.current > stats_.reserved_peak_ever) {
+        stats_.reserved_peak_ever = stats_.reserved.current;
+      }
+    }
+  }
+  if (dropped.defined() || !with_memory) {
+    return Block{size, at::Tensor()};
+  }
+  return Block{size, at::detail::empty_cpu({size}, at::kByte)};
+}
+
+void Arena::out_of_memory(int64_t size) {
+  const auto& s = stats_;
+  TORCH_CHECK_WITH(OutOfMemoryError, false,
+      "RBLN out of memory on rbln:", int(index_), ": tried to allocate ", fmt_bytes(size), " (",
+      size, " bytes); device capacity ", fmt_bytes(capacity_), " (", capacity_, " bytes), ",
+      fmt_bytes(s.allocated.current), " (", s.allocated.current, " bytes) allocated by tensors, ",
+      fmt_bytes(s.reserved.current), " (", s.reserved.current, " bytes) reserved in total. "
+      "Free tensors, call torch.rbln.empty_cache(), or raise TORCH_RBLN_DEVICE_MEMORY.");
+}
+
+void Arena::free(Block&& block) {
+  const int64_t size = block.size;
+  at::Tensor mem = std::move(block.memory);  // declared first: destroyed after the lock is released
+  block.size = 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.allocated.sub(size);
+  stats_.active.sub(size);
+  if (reusable(mem, size)) {
+    cache_[size].push_back(std::move(mem));
+    stats_.cached += size;
+  } else {
+    // adopted memory is not reusable as a raw block: give it back now
+    stats_.reserved.sub(size);
+    stats_.num_device_free += 1;
+  }
+}
+
+std::vector<at::Tensor> Arena::release_cache_locked() {
+  std::vector<at::Tensor> out;
+  for (auto& [size, list] : cache_) {
+    const auto n = static_cast<int64_t>(list.size());
+    stats_.reserved.sub(size * n);
+    stats_.num_device_free += n;
+    for (auto& m : list) {
+      out.push_back(std::move(m));
+    }
+  }
+  cache_.clear();
+  stats_.cached = 0;
+  return out;
+}
+
+void Arena::empty_cache() {
+  std::vector<at::Tensor> released;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released = release_cache_locked();
+  }
+}
+
+ArenaStats Arena::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void Arena::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Stat* s : {&stats_.allocated, &stats_.reserved, &stats_.active}) {
+    s->peak = s->current;
+  }
+}
+
+void Arena::reset_accumulated() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Stat* s : {&stats_.allocated, &stats_.reserved, &stats_.active}) {
+    s->allocated = s->freed = 0;
+  }
+  stats_.num_alloc_retries = stats_.num_ooms = 0;
+  stats_.num_device_alloc = stats_.num_device_free = 0;
+}
+
+// ------------------------------------------------------------------------------------------
+// the committed device mapping: one arena per logical device
+
+namespace {
+MappingSource source;
+std::mutex mapping_mutex;
+std::vector<std::unique_ptr<Arena>>* mapping_arenas = nullptr;  // published once, never freed
+std::atomic<bool> committed{false};
+
+std::vector<std::unique_ptr<Arena>>& committed_mapping() {
+  if (!committed.load(std::memory_order_acquire)) {
+    TORCH_CHECK(source.commit != nullptr, "torch_rbln: the native runtime is not initialised");
+    // Python is asked without holding a lock: it may need the GIL another thread holds
+    std::vector<int64_t> capacities = source.commit();
+    std::lock_guard<std::mutex> lock(mapping_mutex);
+    if (!committed.load(std::memory_order_relaxed)) {
+      auto* arenas = new std::vector<std::unique_ptr<Arena>>();
+      for (size_t i = 0; i < capacities.size(); ++i) {
+        arenas->push_back(std::make_unique<Arena>(static_cast<c10::DeviceIndex>(i), capacities[i]));
+      }
+      mapping_arenas = arenas;
+      committed.store(true, std::memory_order_release);
+    }
+  }
+  return *mapping_arenas;
+}
+}  // namespace
+
+void set_mapping_source(MappingSource s) {
+  source = s;
+}
+
+Arena& claim(c10::DeviceIndex index) {
+  auto& arenas = committed_mapping();
+  if (index < 0 || static_cast<size_t>(index) >= arenas.size()) {
+    if (source.index_error != nullptr) {
+      source.index_error(index);
+    }
+    TORCH_CHECK(false, "rbln device index ", int(index), " is out of range [0, ", arenas.size(), ")");
+  }
+  return *arenas[index];
+}
+
+std::vector<Arena*> committed_arenas() {
+  std::vector<Arena*> out;
+  if (committed.load(std::memory_order_acquire)) {
+    for (auto& a : *mapping_arenas) {
+      out.push_back(a.get());
+    }
+  }
+  return out;
+}
+
+}  // namespace rbln

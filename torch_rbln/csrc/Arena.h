@@ -1,0 +1,106 @@
+// Device memory of the virtual NPU: one arena per logical device with a caching allocator.
+//
+// A block is host RAM standing in for device DRAM. Requests are rounded up to kBlockRound bytes;
+// freed blocks stay cached (reserved) for a request of the same rounded size until
+// empty_cache(). An arena never reserves past its capacity: it first releases its cache and
+// retries (num_alloc_retries), then throws c10::OutOfMemoryError (torch.OutOfMemoryError in
+// Python) and leaves every statistic as it was, num_ooms aside.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace rbln {
+
+constexpr int64_t kBlockRound = 512;
+
+inline int64_t round_block(int64_t nbytes) {
+  int64_t r = (nbytes + kBlockRound - 1) / kBlockRound * kBlockRound;
+  return r < kBlockRound ? kBlockRound : r;
+}
+
+// A device allocation of `size` bytes. `memory` is its RAM: a flat uint8 CPU tensor, a program's
+// output adopted as the block's memory (StorageState::adopt_device), or undefined while the
+// caller has booked the block without memory.
+struct Block {
+  int64_t size = 0;
+  at::Tensor memory;
+};
+
+// current / peak / total allocated / total freed of one quantity (bytes)
+struct Stat {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  void add(int64_t n) {
+    current += n;
+    allocated += n;
+    if (current > peak) {
+      peak = current;
+    }
+  }
+  void sub(int64_t n) {
+    current -= n;
+    freed += n;
+  }
+};
+
+struct ArenaStats {
+  Stat allocated;  // bytes in blocks held by tensors
+  Stat reserved;   // + cached free blocks
+  Stat active;
+  int64_t cached = 0;
+  int64_t num_alloc_retries = 0, num_ooms = 0;
+  int64_t num_device_alloc = 0, num_device_free = 0;
+  int64_t reserved_peak_ever = 0;  // process-wide high-water mark (explain's gauge), never reset
+};
+
+class Arena {
+ public:
+  Arena(c10::DeviceIndex index, int64_t capacity) : index_(index), capacity_(capacity) {}
+
+  // A block of at least `nbytes`. Without memory, the block is booked and its RAM is left to the
+  // caller (a program's output becomes it).
+  Block malloc(int64_t nbytes, bool with_memory);
+  void free(Block&& block);
+  void empty_cache();
+
+  ArenaStats stats() const;
+  void reset_peak();
+  void reset_accumulated();
+
+  c10::DeviceIndex index() const { return index_; }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  [[noreturn]] void out_of_memory(int64_t size);
+  std::vector<at::Tensor> release_cache_locked();
+
+  const c10::DeviceIndex index_;
+  const int64_t capacity_;
+  mutable std::mutex mutex_;
+  std::unordered_map<int64_t, std::vector<at::Tensor>> cache_;  // rounded size -> free blocks
+  ArenaStats stats_;
+};
+
+// The device mapping lives in Python (runtime/devices.py plans it from the environment and
+// commits it at the first real use); the bindings tell the native core how to ask for it.
+struct MappingSource {
+  // commits the mapping; the capacity in bytes of each logical device (throws Python's error)
+  std::vector<int64_t> (*commit)() = nullptr;
+  // throws the detailed error for an index outside the committed mapping
+  void (*index_error)(c10::DeviceIndex index) = nullptr;
+};
+void set_mapping_source(MappingSource source);
+
+// The first real use of logical device `index` (a storage on it): commits the mapping on the
+// first call (an atomic flag afterwards) and checks the index. Returns the device's arena.
+Arena& claim(c10::DeviceIndex index);
+
+// Every logical device's arena once the mapping is committed; empty before.
+std::vector<Arena*> committed_arenas();
+
+}  // namespace rbln

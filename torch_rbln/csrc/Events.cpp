@@ -1,0 +1,66 @@
+#include "Events.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+namespace rbln::events {
+
+namespace {
+std::mutex registry_mutex;
+// (kind, key) -> counter; never shrinks, so counter addresses stay valid
+std::map<std::pair<std::string, std::string>, std::unique_ptr<Counter>>& registry() {
+  static auto* r = new std::map<std::pair<std::string, std::string>, std::unique_ptr<Counter>>();
+  return *r;
+}
+std::atomic<Forward> forward_fn{nullptr};
+}  // namespace
+
+namespace detail {
+std::atomic<bool> listening{false};
+
+void forward(const Counter& c, int64_t amount) {
+  Forward fn = forward_fn.load();
+  if (fn != nullptr) {
+    fn(c, amount);
+    return;
+  }
+  auto& mc = const_cast<Counter&>(c);
+  mc.count.fetch_add(1, std::memory_order_relaxed);
+  mc.amount.fetch_add(amount, std::memory_order_relaxed);
+}
+}  // namespace detail
+
+Counter* counter(const std::string& kind, const std::string& key) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto& slot = registry()[{kind, key}];
+  if (!slot) {
+    slot = std::make_unique<Counter>(kind, key);
+  }
+  return slot.get();
+}
+
+void set_forward(Forward forward) {
+  forward_fn.store(forward);
+}
+
+void set_listening(bool listening) {
+  detail::listening.store(listening);
+}
+
+std::vector<Delta> drain() {
+  std::vector<Delta> out;
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (auto& [name, c] : registry()) {
+    if (c->count.load(std::memory_order_relaxed) == 0) {
+      continue;
+    }
+    int64_t n = c->count.exchange(0);
+    int64_t a = c->amount.exchange(0);
+    out.push_back({c.get(), n, a});
+  }
+  return out;
+}
+
+}  // namespace rbln::events

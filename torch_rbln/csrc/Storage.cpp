@@ -1,0 +1,460 @@
+#include "Storage.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "Allocator.h"
+#include "Events.h"
+
+namespace rbln {
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// host pool: recycles host views by rounded size, so creating a tensor rarely calls malloc
+
+class HostPool {
+ public:
+  static constexpr int64_t kRound = 64;
+  static constexpr int64_t kLimit = int64_t(256) << 20;     // bytes kept in all
+  static constexpr int64_t kLargest = int64_t(16) << 20;    // bigger views are not kept
+
+  static int64_t rounded(int64_t nbytes) {
+    int64_t r = (nbytes + kRound - 1) / kRound * kRound;
+    return r < kRound ? kRound : r;
+  }
+
+  void* get(int64_t nbytes, int64_t* capacity) {
+    const int64_t size = rounded(nbytes);
+    *capacity = size;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        bytes_ -= size;
+        return p;
+      }
+    }
+    return c10::alloc_cpu(size);
+  }
+
+  void put(void* p, int64_t size) {
+    if (size <= kLargest) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (bytes_ + size <= kLimit) {
+        free_[size].push_back(p);
+        bytes_ += size;
+        return;
+      }
+    }
+    c10::free_cpu(p);
+  }
+
+  void clear() {
+    std::unordered_map<int64_t, std::vector<void*>> drop;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      drop.swap(free_);
+      bytes_ = 0;
+    }
+    for (auto& [size, list] : drop) {
+      for (void* p : list) {
+        c10::free_cpu(p);
+      }
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<int64_t, std::vector<void*>> free_;
+  int64_t bytes_ = 0;
+};
+
+HostPool& host_pool() {
+  static auto* pool = new HostPool();  // never destroyed: storages may die at exit
+  return *pool;
+}
+
+void release_state(void* ctx) {
+  delete static_cast<StorageState*>(ctx);
+}
+
+events::Counter* h2d_counter() {
+  static events::Counter* c = events::counter("h2d", "");
+  return c;
+}
+
+events::Counter* d2h_counter() {
+  static events::Counter* c = events::counter("d2h", "");
+  return c;
+}
+
+void copy_bytes(void* dst, const void* src, int64_t n) {
+  constexpr int64_t kGrain = int64_t(1) << 20;
+  if (n <= 4 * kGrain) {
+    if (n > 0) {
+      std::memcpy(dst, src, n);
+    }
+    return;
+  }
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
+  });
+}
+
+c10::Storage cpu_storage_over(void* data, int64_t nbytes) {
+  // not resizable: a CPU kernel that tries to resize an alias fails loudly instead of moving
+  // the memory under the rbln storage
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      c10::DataPtr(data, c10::Device(c10::kCPU)), /*allocator=*/nullptr,
+                      /*resizable=*/false);
+}
+
+// A CPU tensor over `storage`. Always a normal tensor, even under inference mode: aliases may be
+// cached and outlive the call, and be written outside inference mode.
+at::Tensor tensor_over(const c10::Storage& storage, c10::ScalarType dtype, c10::IntArrayRef sizes,
+                       c10::IntArrayRef strides, int64_t offset) {
+  std::optional<c10::InferenceMode> normal;
+  if (c10::InferenceMode::is_enabled()) {
+    normal.emplace(false);
+  }
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+
+// `t`'s metadata and lazy conjugate / negative bits over `storage`
+at::Tensor alias_of(const at::Tensor& t, const c10::Storage& storage) {
+  auto a = tensor_over(storage, t.scalar_type(), t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) {
+    a.unsafeGetTensorImpl()->_set_conj(true);
+  }
+  if (t.is_neg()) {
+    a.unsafeGetTensorImpl()->_set_neg(true);
+  }
+  return a;
+}
+
+// a shared alias with `t`'s lazy bits (a fresh tensor over the same memory if it has any)
+at::Tensor with_lazy_bits(const at::Tensor& t, const at::Tensor& shared) {
+  if (!t.is_conj() && !t.is_neg()) {
+    return shared;
+  }
+  auto a = tensor_over(shared.storage(), shared.scalar_type(), shared.sizes(), shared.strides(),
+                       shared.storage_offset());
+  a.unsafeGetTensorImpl()->_set_conj(t.is_conj());
+  a.unsafeGetTensorImpl()->_set_neg(t.is_neg());
+  return a;
+}
+
+void* memory_data(const at::Tensor& memory) {
+  return memory.storage().mutable_data();
+}
+
+constexpr size_t kInputAliases = 8;  // aliases kept per storage (a KV cache has many views)
+
+std::mutex adopt_mutex;
+
+StorageState* adopt(const c10::Storage& storage) {
+  std::lock_guard<std::mutex> lock(adopt_mutex);
+  const c10::DataPtr& dp = storage.data_ptr();
+  if (dp.get_deleter() == &release_state) {  // adopted meanwhile by another thread
+    return static_cast<StorageState*>(dp.get_context());
+  }
+  TORCH_CHECK_TYPE(storage.device_type() == c10::DeviceType::PrivateUse1,
+                   "expected an rbln storage, got one on ", storage.device());
+  auto* impl = storage.unsafeGetStorageImpl();
+  const c10::DeviceIndex index = storage.device().has_index() ? storage.device().index() : 0;
+  void* data = impl->mutable_data();
+  const auto nbytes = static_cast<int64_t>(impl->nbytes());
+  auto* s = new StorageState(index, nbytes, data, nbytes, /*pooled=*/false);
+  // the storage keeps its memory; the original DataPtr (and what it owns) now lives in the state
+  s->host_original = impl->set_data_ptr(c10::DataPtr(
+      data, s, &release_state, c10::Device(c10::DeviceType::PrivateUse1, index)));
+  return s;
+}
+
+bool (*eager_parser)(const char*) = nullptr;
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// StorageState
+
+StorageState::StorageState(c10::DeviceIndex index_, int64_t nbytes_, void* host_,
+                           int64_t host_capacity_, bool pooled_)
+    : index(index_), nbytes(nbytes_), host(host_), host_capacity(host_capacity_), pooled(pooled_) {}
+
+StorageState::~StorageState() {
+  inputs_.clear();
+  device_cpu_ = c10::Storage();
+  host_cpu_ = c10::Storage();
+  try {
+    if (block) {
+      claim(index).free(std::move(*block));
+    }
+  } catch (...) {  // nothing to report to at teardown
+  }
+  if (pooled) {
+    host_pool().put(host, host_capacity);
+  }
+}
+
+const c10::Storage& StorageState::host_cpu_storage() {
+  if (!host_cpu_) {
+    host_cpu_ = cpu_storage_over(host, host_capacity);
+  }
+  return host_cpu_;
+}
+
+const c10::Storage& StorageState::device_cpu_storage() {
+  if (!device_cpu_) {
+    const auto& st = block->memory.storage();
+    device_cpu_ = cpu_storage_over(st.mutable_data(), static_cast<int64_t>(st.nbytes()));
+  }
+  return device_cpu_;
+}
+
+void StorageState::device_memory_changed() {
+  inputs_.clear();
+  device_cpu_ = c10::Storage();
+}
+
+void StorageState::ensure_device_memory() {
+  if (!block) {
+    block = claim(index).malloc(nbytes, /*with_memory=*/true);
+    device_memory_changed();
+  } else if (!block->memory.defined()) {
+    block->memory = at::detail::empty_cpu({block->size}, at::kByte);
+    device_memory_changed();
+  }
+}
+
+void StorageState::push() {
+  ensure_device_memory();
+  copy_bytes(memory_data(block->memory), host, nbytes);
+  events::record(h2d_counter(), nbytes);
+}
+
+void StorageState::pull() {
+  copy_bytes(host, memory_data(block->memory), nbytes);
+  events::record(d2h_counter(), nbytes);
+}
+
+void StorageState::host_read() {
+  if (residency == Residency::Device) {
+    pull();
+    residency = Residency::Synced;
+  }
+}
+
+void StorageState::host_write(bool whole) {
+  finite_dtype.reset();
+  if (residency == Residency::Device && !whole) {
+    pull();
+  }
+  residency = Residency::Host;
+}
+
+void StorageState::device_read() {
+  if (residency == Residency::Host) {
+    push();
+    residency = Residency::Synced;
+  } else if (!has_device_memory()) {  // Synced / Device always have memory
+    ensure_device_memory();
+  }
+}
+
+void StorageState::device_write(bool whole) {
+  finite_dtype.reset();
+  if (residency == Residency::Host && !whole) {
+    push();
+  } else {
+    ensure_device_memory();
+  }
+  residency = Residency::Device;
+}
+
+void StorageState::adopt_device(at::Tensor memory) {
+  if (!block) {
+    block = claim(index).malloc(nbytes, /*with_memory=*/false);
+  }
+  block->memory = std::move(memory);
+  device_memory_changed();
+  residency = Residency::Device;
+  finite_dtype.reset();
+}
+
+at::Tensor StorageState::host_alias(const at::Tensor& t) {
+  return alias_of(t, host_cpu_storage());
+}
+
+at::Tensor StorageState::device_alias(const at::Tensor& t) {
+  return alias_of(t, device_cpu_storage());
+}
+
+at::Tensor StorageState::device_input_alias(const at::Tensor& t) {
+  const at::Tensor& mem = block->memory;
+  const auto dtype = t.scalar_type();
+  const int64_t offset = t.storage_offset();
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  if (mem.scalar_type() == dtype && offset == 0 && mem.sizes() == sizes && mem.strides() == strides) {
+    return with_lazy_bits(t, mem);
+  }
+  for (const auto& e : inputs_) {
+    if (e.dtype == dtype && e.offset == offset && sizes.equals(e.sizes) && strides.equals(e.strides)) {
+      return with_lazy_bits(t, e.alias);
+    }
+  }
+  if (inputs_.size() >= kInputAliases) {
+    inputs_.clear();
+  }
+  auto a = tensor_over(device_cpu_storage(), dtype, sizes, strides, offset);
+  inputs_.push_back({dtype, sizes.vec(), strides.vec(), offset, a});
+  return with_lazy_bits(t, a);
+}
+
+at::Tensor StorageState::host_flat(c10::ScalarType dtype) {
+  const int64_t n = nbytes / static_cast<int64_t>(c10::elementSize(dtype));
+  return tensor_over(host_cpu_storage(), dtype, {n}, {1}, 0);
+}
+
+at::Tensor StorageState::host_bytes() {
+  return tensor_over(host_cpu_storage(), at::kByte, {nbytes}, {1}, 0);
+}
+
+at::Tensor StorageState::device_bytes() {
+  return tensor_over(device_cpu_storage(), at::kByte, {nbytes}, {1}, 0);
+}
+
+// ------------------------------------------------------------------------------------------
+
+StorageState* state_of(const c10::Storage& storage) {
+  const c10::DataPtr& dp = storage.data_ptr();
+  if (C10_LIKELY(dp.get_deleter() == &release_state)) {
+    return static_cast<StorageState*>(dp.get_context());
+  }
+  return adopt(storage);
+}
+
+bool covers(const at::TensorBase& t, const StorageState& s) {
+  return t.storage_offset() == 0 && t.is_contiguous() &&
+      t.numel() * static_cast<int64_t>(t.itemsize()) == s.nbytes;
+}
+
+int64_t storage_nbytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t itemsize) {
+  int64_t n = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) {
+      return 0;
+    }
+    n += (sizes[i] - 1) * strides[i];
+  }
+  return n * itemsize;
+}
+
+c10::DataPtr new_host_view(int64_t nbytes, c10::DeviceIndex index) {
+  claim(index);
+  int64_t capacity = 0;
+  void* host = host_pool().get(nbytes, &capacity);
+  auto* s = new StorageState(index, nbytes, host, capacity, /*pooled=*/true);
+  c10::DataPtr dp(host, s, &release_state, c10::Device(c10::DeviceType::PrivateUse1, index));
+  if (eager_malloc()) {
+    s->ensure_device_memory();  // an out-of-memory error frees the host view again (dp)
+  }
+  return dp;
+}
+
+namespace {
+at::Tensor tensor_on(c10::DataPtr data, int64_t nbytes, c10::ScalarType dtype,
+                     c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+  c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, std::move(data), allocator(),
+      /*resizable=*/true));
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+}  // namespace
+
+at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                      c10::DeviceIndex index) {
+  AllocationDevice on(index);
+  return at::detail::empty_strided_generic(
+      sizes, strides, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+}
+
+at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index) {
+  claim(index);
+  int64_t capacity = 0;
+  void* host = host_pool().get(nbytes, &capacity);
+  auto* s = new StorageState(index, nbytes, host, capacity, /*pooled=*/true);
+  c10::DataPtr dp(host, s, &release_state, c10::Device(c10::DeviceType::PrivateUse1, index));
+  // the variable is validated as at every allocation, but an adopted output is booked now
+  // either way (with or without it, the arena's statistics move alike)
+  eager_malloc();
+  s->block = claim(index).malloc(nbytes, /*with_memory=*/false);
+  s->block->memory = memory;
+  s->residency = Residency::Device;
+  return tensor_on(std::move(dp), nbytes, memory.scalar_type(), memory.sizes(), memory.strides(), 0);
+}
+
+at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index) {
+  claim(index);
+  const c10::Storage& cs = cpu.storage();
+  const auto nbytes = static_cast<int64_t>(cs.nbytes());
+  void* data = cs.mutable_data();
+  auto* s = new StorageState(index, nbytes, data, nbytes, /*pooled=*/false);
+  s->host_owner = cs;
+  c10::DataPtr dp(data, s, &release_state, c10::Device(c10::DeviceType::PrivateUse1, index));
+  if (eager_malloc()) {
+    s->ensure_device_memory();
+  }
+  return tensor_on(std::move(dp), nbytes, cpu.scalar_type(), cpu.sizes(), cpu.strides(),
+                   cpu.storage_offset());
+}
+
+void host_pool_clear() {
+  host_pool().clear();
+}
+
+bool eager_malloc() {
+  const char* raw = std::getenv("TORCH_RBLN_EAGER_MALLOC");
+  if (raw == nullptr) {
+    return false;
+  }
+  // the last value read, per thread: parsing happens again only when the variable changes
+  thread_local std::string last_raw;
+  thread_local bool last_value = false;
+  thread_local bool cached = false;
+  if (cached && last_raw == raw) {
+    return last_value;
+  }
+  bool value = eager_parser != nullptr ? eager_parser(raw) : std::strcmp(raw, "1") == 0;
+  last_raw = raw;
+  last_value = value;
+  cached = true;
+  return value;
+}
+
+void set_eager_malloc_parser(bool (*parse)(const char* raw)) {
+  eager_parser = parse;
+}
+
+}  // namespace rbln

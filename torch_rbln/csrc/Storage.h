@@ -1,0 +1,124 @@
+// rbln storages: a host view PyTorch sees, a device block the NPU uses, and residency.
+//
+// Every rbln storage's DataPtr has a StorageState as its context:
+//   host       the storage's own memory (its data pointer, the "virtual address" PyTorch sees),
+//              from a size-bucketed host pool;
+//   block      the device memory, a Block of the device's arena, booked at the first device use
+//              (or at creation with TORCH_RBLN_EAGER_MALLOC=1);
+//   residency  which side holds the latest data: Host, Device or Synced (both).
+// The DataPtr's deleter returns the block to the arena and the host memory to the pool.
+// Transitions and the events they record are listed in torch_rbln/runtime/storage.py.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "Arena.h"
+
+namespace rbln {
+
+enum class Residency : int8_t { Host = 0, Device = 1, Synced = 2 };
+
+struct StorageState {
+  StorageState(c10::DeviceIndex index, int64_t nbytes, void* host, int64_t host_capacity,
+               bool pooled);
+  ~StorageState();
+  StorageState(const StorageState&) = delete;
+  StorageState& operator=(const StorageState&) = delete;
+
+  const c10::DeviceIndex index;
+  const int64_t nbytes;
+  void* const host;
+  const int64_t host_capacity;  // bytes behind `host` (the pool's rounded size, or the owner's)
+  const bool pooled;            // the host memory goes back to the host pool
+  c10::Storage host_owner;      // memory the state wraps instead of owning (wrap_host, adopt)
+  c10::DataPtr host_original;   // the original DataPtr of a storage made outside the allocator
+  std::optional<Block> block;
+  Residency residency = Residency::Host;
+  // the dtype as which the NaN/Inf scan found the whole storage finite; cleared by every write
+  std::optional<c10::ScalarType> finite_dtype;
+
+  // residency transitions (recording h2d / d2h)
+  void host_read();
+  void host_write(bool whole);
+  void device_read();
+  void device_write(bool whole);
+  // `memory` (a program's contiguous output covering this whole storage) becomes the device
+  // memory: the program wrote straight into it, nothing is copied
+  void adopt_device(at::Tensor memory);
+  // books the device block (with its memory) if the storage has none yet
+  void ensure_device_memory();
+  bool has_device_memory() const { return block.has_value() && block->memory.defined(); }
+
+  // CPU tensors over either side, with `t`'s dtype, sizes, strides, offset and lazy
+  // conjugate / negative bits; no residency change
+  at::Tensor host_alias(const at::Tensor& t);
+  at::Tensor device_alias(const at::Tensor& t);
+  // device_alias for a program operand, only ever read, so it may be shared between calls: the
+  // adopted output that *is* the device memory when `t` spans it unchanged, else an alias cached
+  // per metadata (dropped whenever the device memory changes)
+  at::Tensor device_input_alias(const at::Tensor& t);
+  // the whole storage as a flat CPU tensor of `dtype` over the host view
+  at::Tensor host_flat(c10::ScalarType dtype);
+  // the storage's `nbytes` bytes on either side, as flat uint8 CPU tensors
+  at::Tensor host_bytes();
+  at::Tensor device_bytes();
+
+ private:
+  void push();
+  void pull();
+  const c10::Storage& host_cpu_storage();
+  const c10::Storage& device_cpu_storage();
+  void device_memory_changed();
+
+  c10::Storage host_cpu_;    // CPU storages over each side (non-owning, not resizable), made
+  c10::Storage device_cpu_;  // on first use
+  struct CachedInput {
+    c10::ScalarType dtype;
+    std::vector<int64_t> sizes, strides;
+    int64_t offset;
+    at::Tensor alias;
+  };
+  std::vector<CachedInput> inputs_;
+};
+
+// The state of an rbln storage. A storage made outside the allocator (a PyTorch path that
+// brought its own memory) is adopted: its memory becomes the host view.
+StorageState* state_of(const c10::Storage& storage);
+inline StorageState* state_of(const at::TensorBase& t) {
+  return state_of(t.storage());
+}
+
+// `t` is contiguous and spans its whole storage: a write to it overwrites everything
+bool covers(const at::TensorBase& t, const StorageState& s);
+
+// bytes a tensor of these sizes and strides spans from its storage offset
+int64_t storage_nbytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t itemsize);
+
+// The memory of a new rbln storage of `nbytes` on logical device `index`: a host view from the
+// pool with a fresh state as the DataPtr context (commits the device mapping and checks the
+// index; books the device block too under TORCH_RBLN_EAGER_MALLOC=1).
+c10::DataPtr new_host_view(int64_t nbytes, c10::DeviceIndex index);
+
+// A fresh rbln tensor: host view from the pool, device memory booked lazily.
+at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                      c10::DeviceIndex index);
+// A fresh rbln tensor whose device memory *is* `memory`, a program output that owns its whole
+// dense storage of `nbytes` bytes: device-latest, nothing copied (one step per op output).
+at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index);
+// An rbln tensor whose host view *is* `cpu`'s storage (zero copy), host-latest.
+at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index);
+
+// Frees the host views the pool keeps for reuse.
+void host_pool_clear();
+
+// TORCH_RBLN_EAGER_MALLOC now (read at every allocation). Python validates a value it cannot
+// read as a flag (the bindings set the parser).
+bool eager_malloc();
+void set_eager_malloc_parser(bool (*parse)(const char* raw));
+
+}  // namespace rbln
