@@ -37,10 +37,11 @@ def setup() -> None:
     fallback.configure()
     _setup_privateuseone_for_python_backend("rbln", backend_module=api, hook=_Hooks(),
                                             device_guard=_Guard())
-    # the Python device guard always reports device 0: the allocator asks for the current device
+    # the Python device guard always reports device 0: the allocator follows set_current instead
     from . import _C
     from .runtime import devices
-    _C.set_current_device_source(devices.current)
+    _C.follow_current_device_from_python(devices.current())
+    devices.on_set_current = _C.set_current_device
     aten = torch.library.Library("aten", "IMPL")
     _libs.append(aten)
     for table in (views.kernels(), factories.KERNELS, copy.KERNELS, device_op.kernels(),

@@ -14,7 +14,8 @@ namespace rbln {
 namespace {
 
 thread_local c10::DeviceIndex allocation_device = -1;
-std::atomic<c10::DeviceIndex (*)()> current_device_source{nullptr};
+std::atomic<bool> current_from_python{false};
+thread_local c10::DeviceIndex python_current_device = 0;
 
 class HostViewAllocator final : public c10::Allocator {
  public:
@@ -68,8 +69,8 @@ AllocationDevice::~AllocationDevice() {
 }
 
 c10::DeviceIndex current_device() {
-  if (auto source = current_device_source.load()) {
-    return source();
+  if (current_from_python.load(std::memory_order_relaxed)) {
+    return python_current_device;
   }
   if (c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
     return c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
@@ -77,8 +78,12 @@ c10::DeviceIndex current_device() {
   return 0;
 }
 
-void set_current_device_source(c10::DeviceIndex (*source)()) {
-  current_device_source.store(source);
+void follow_current_device_from_python() {
+  current_from_python.store(true);
+}
+
+void set_current_device(c10::DeviceIndex index) {
+  python_current_device = index;
 }
 
 void register_allocator_and_kernels() {

@@ -23,10 +23,11 @@ class AllocationDevice {
   c10::DeviceIndex previous_;
 };
 
-// The thread's current rbln device: the device guard's, unless a source is set (while the
-// device guard is the Python one, which always reports device 0).
+// The thread's current rbln device: the device guard's. While the device guard is the Python
+// one (which always reports device 0), Python tells the core every change instead.
 c10::DeviceIndex current_device();
-void set_current_device_source(c10::DeviceIndex (*source)());
+void follow_current_device_from_python();
+void set_current_device(c10::DeviceIndex index);  // this thread's
 
 // Installs the allocator for PrivateUse1 and registers the allocation kernels (once).
 void register_allocator_and_kernels();

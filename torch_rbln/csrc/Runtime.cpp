@@ -1,7 +1,6 @@
 // The Python face of the runtime core (storage states, arenas, allocator, event counters), and
-// the few things the core asks Python: the device mapping, the current device while the device
-// guard is Python's, TORCH_RBLN_EAGER_MALLOC values it cannot read, and the event stream while
-// a listener is attached. Everything else runs without Python.
+// the few things the core asks Python: the device mapping, TORCH_RBLN_EAGER_MALLOC when set,
+// and the event stream while a listener is attached. Everything else runs without Python.
 #include <torch/csrc/utils/pybind.h>
 
 #include "Allocator.h"
@@ -17,7 +16,7 @@ namespace {
 
 // Python callables the core calls back; kept for the life of the process.
 struct Bridges {
-  py::object commit, index_error, eager_malloc, forward_event, current_device;
+  py::object commit, index_error, eager_malloc, forward_event;
 };
 Bridges* bridges = nullptr;
 
@@ -39,11 +38,6 @@ bool eager_malloc_from_python(const char* /*raw*/) {
 void forward_to_python(const events::Counter& c, int64_t amount) {
   py::gil_scoped_acquire gil;
   bridges->forward_event(c.kind, c.key, amount);
-}
-
-c10::DeviceIndex current_device_from_python() {
-  py::gil_scoped_acquire gil;
-  return static_cast<c10::DeviceIndex>(bridges->current_device().cast<int>());
 }
 
 // A Python handle on a storage's state; it holds the storage, so the state outlives it.
@@ -116,16 +110,14 @@ void bind_runtime(py::module_& m) {
         },
         "Connect the runtime core to Python's device mapping, environment and event stream, "
         "and install the PrivateUse1 allocator and allocation kernels.");
-  m.def("set_current_device_source",
-        [](py::object source) {
-          if (source.is_none()) {
-            set_current_device_source(nullptr);
-            return;
-          }
-          bridges->current_device = std::move(source);
-          set_current_device_source(&current_device_from_python);
+  m.def("follow_current_device_from_python",
+        [](int index) {
+          follow_current_device_from_python();
+          set_current_device(index);
         },
-        "Where the allocator reads the current device while the device guard cannot tell it.");
+        "While the device guard cannot tell the current device, Python tells it on every change.");
+  m.def("set_current_device", [](int index) { set_current_device(index); },
+        "This thread's current device changed (to Python's runtime.devices.set_current).");
 
   // storage states ---------------------------------------------------------------------------
   py::class_<StateHandle>(m, "StorageState",
@@ -146,6 +138,8 @@ void bind_runtime(py::module_& m) {
                     "after any write).")
       .def_property_readonly("has_device_memory",
                              [](const StateHandle& h) { return h.state->has_device_memory(); })
+      .def_property_readonly("adopted", [](const StateHandle& h) { return h.state->adopted; },
+                             "Made outside the allocator: its memory became the host view.")
       .def("__eq__", [](const StateHandle& a, const StateHandle& b) { return a.state == b.state; })
       .def("__hash__", [](const StateHandle& h) { return std::hash<const void*>()(h.state); })
       .def("host_read", [](StateHandle& h) { h.state->host_read(); })
@@ -199,6 +193,7 @@ void bind_runtime(py::module_& m) {
     return storage_nbytes(size, stride, itemsize);
   });
   m.def("host_pool_clear", &host_pool_clear);
+  m.def("live_storage_states", &live_storage_states);
 
   // arenas -----------------------------------------------------------------------------------
   m.def("round_block", &round_block);

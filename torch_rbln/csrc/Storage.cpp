@@ -6,6 +6,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -181,6 +182,7 @@ StorageState* adopt(const c10::Storage& storage) {
   void* data = impl->mutable_data();
   const auto nbytes = static_cast<int64_t>(impl->nbytes());
   auto* s = new StorageState(index, nbytes, data, nbytes, /*pooled=*/false);
+  s->adopted = true;
   // the storage keeps its memory; the original DataPtr (and what it owns) now lives in the state
   s->host_original = impl->set_data_ptr(c10::DataPtr(
       data, s, &release_state, c10::Device(c10::DeviceType::PrivateUse1, index)));
@@ -189,6 +191,8 @@ StorageState* adopt(const c10::Storage& storage) {
 
 bool (*eager_parser)(const char*) = nullptr;
 
+std::atomic<int64_t> live_states{0};
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
@@ -196,9 +200,12 @@ bool (*eager_parser)(const char*) = nullptr;
 
 StorageState::StorageState(c10::DeviceIndex index_, int64_t nbytes_, void* host_,
                            int64_t host_capacity_, bool pooled_)
-    : index(index_), nbytes(nbytes_), host(host_), host_capacity(host_capacity_), pooled(pooled_) {}
+    : index(index_), nbytes(nbytes_), host(host_), host_capacity(host_capacity_), pooled(pooled_) {
+  live_states.fetch_add(1, std::memory_order_relaxed);
+}
 
 StorageState::~StorageState() {
+  live_states.fetch_sub(1, std::memory_order_relaxed);
   inputs_.clear();
   device_cpu_ = c10::Storage();
   host_cpu_ = c10::Storage();
@@ -432,6 +439,10 @@ at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index) {
 
 void host_pool_clear() {
   host_pool().clear();
+}
+
+int64_t live_storage_states() {
+  return live_states.load();
 }
 
 bool eager_malloc() {

@@ -35,8 +35,9 @@ struct StorageState {
   void* const host;
   const int64_t host_capacity;  // bytes behind `host` (the pool's rounded size, or the owner's)
   const bool pooled;            // the host memory goes back to the host pool
-  c10::Storage host_owner;      // memory the state wraps instead of owning (wrap_host, adopt)
+  c10::Storage host_owner;      // memory the state wraps instead of owning (wrap_host)
   c10::DataPtr host_original;   // the original DataPtr of a storage made outside the allocator
+  bool adopted = false;         // made outside the allocator; its memory became the host view
   std::optional<Block> block;
   Residency residency = Residency::Host;
   // the dtype as which the NaN/Inf scan found the whole storage finite; cleared by every write
@@ -115,6 +116,9 @@ at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index);
 
 // Frees the host views the pool keeps for reuse.
 void host_pool_clear();
+
+// Storage states alive now (every rbln storage has one): a leak check reads it.
+int64_t live_storage_states();
 
 // TORCH_RBLN_EAGER_MALLOC now (read at every allocation). Python validates a value it cannot
 // read as a flag (the bindings set the parser).

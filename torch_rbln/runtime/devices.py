@@ -248,5 +248,11 @@ def current() -> int:
     return getattr(_tls, "index", 0)
 
 
+# told of every change while the allocator cannot ask the device guard (set by the backend)
+on_set_current = None
+
+
 def set_current(index: int) -> None:
     _tls.index = index
+    if on_set_current is not None:
+        on_set_current(index)

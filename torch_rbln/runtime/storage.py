@@ -60,6 +60,7 @@ new_device_tensor = _C.new_device_tensor   # (memory, nbytes, index): memory is 
 wrap_host = _C.wrap_host                   # (cpu, index): cpu's storage is the host view
 storage_nbytes = _C.storage_nbytes         # (size, stride, itemsize)
 clear_host_pool = _C.host_pool_clear
+live_storage_states = _C.live_storage_states   # states alive now (a leak check reads it)
 
 
 def _commit() -> list[int]:
