@@ -41,7 +41,7 @@ def setup() -> None:
     from . import _C
     from .runtime import devices
     _C.follow_current_device_from_python(devices.current())
-    devices.on_set_current = _C.set_current_device
+    devices.on_set_current = _C.python_current_device_changed
     aten = torch.library.Library("aten", "IMPL")
     _libs.append(aten)
     for table in (views.kernels(), factories.KERNELS, copy.KERNELS, device_op.kernels(),

@@ -9,7 +9,7 @@
 
 #include "Storage.h"
 
-namespace rbln {
+namespace torch_rbln {
 
 namespace {
 
@@ -20,7 +20,8 @@ thread_local c10::DeviceIndex python_current_device = 0;
 class HostViewAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    const c10::DeviceIndex index = allocation_device >= 0 ? allocation_device : current_device();
+    const c10::DeviceIndex index =
+        allocation_device >= 0 ? allocation_device : allocation_default_device();
     return new_host_view(static_cast<int64_t>(nbytes), index);
   }
 
@@ -32,7 +33,8 @@ class HostViewAllocator final : public c10::Allocator {
 HostViewAllocator the_allocator;
 
 c10::DeviceIndex index_of(std::optional<c10::Device> device) {
-  return device.has_value() && device->has_index() ? device->index() : current_device();
+  return device.has_value() && device->has_index() ? device->index()
+                                                    : allocation_default_device();
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -68,7 +70,7 @@ AllocationDevice::~AllocationDevice() {
   allocation_device = previous_;
 }
 
-c10::DeviceIndex current_device() {
+c10::DeviceIndex allocation_default_device() {
   if (current_from_python.load(std::memory_order_relaxed)) {
     return python_current_device;
   }
@@ -78,11 +80,11 @@ c10::DeviceIndex current_device() {
   return 0;
 }
 
-void follow_current_device_from_python() {
+void follow_python_current_device() {
   current_from_python.store(true);
 }
 
-void set_current_device(c10::DeviceIndex index) {
+void python_current_device_changed(c10::DeviceIndex index) {
   python_current_device = index;
 }
 
@@ -99,4 +101,4 @@ void register_allocator_and_kernels() {
   lib->impl("empty_strided", TORCH_FN(empty_strided));
 }
 
-}  // namespace rbln
+}  // namespace torch_rbln

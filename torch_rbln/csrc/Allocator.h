@@ -6,7 +6,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 
-namespace rbln {
+namespace torch_rbln {
 
 c10::Allocator* allocator();
 
@@ -23,13 +23,14 @@ class AllocationDevice {
   c10::DeviceIndex previous_;
 };
 
-// The thread's current rbln device: the device guard's. While the device guard is the Python
-// one (which always reports device 0), Python tells the core every change instead.
-c10::DeviceIndex current_device();
-void follow_current_device_from_python();
-void set_current_device(c10::DeviceIndex index);  // this thread's
+// The logical device of an allocation that names none: the device guard's current device.
+// While the device guard is the Python one (which always reports device 0), Python tells the
+// allocator every change of the thread's current device instead.
+c10::DeviceIndex allocation_default_device();
+void follow_python_current_device();
+void python_current_device_changed(c10::DeviceIndex index);  // on this thread
 
 // Installs the allocator for PrivateUse1 and registers the allocation kernels (once).
 void register_allocator_and_kernels();
 
-}  // namespace rbln
+}  // namespace torch_rbln

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-namespace rbln {
+namespace torch_rbln {
 
 namespace {
 
@@ -205,4 +205,4 @@ std::vector<Arena*> committed_arenas() {
   return out;
 }
 
-}  // namespace rbln
+}  // namespace torch_rbln

@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace rbln {
+namespace torch_rbln {
 
 constexpr int64_t kBlockRound = 512;
 
@@ -103,4 +103,4 @@ Arena& claim(c10::DeviceIndex index);
 // Every logical device's arena once the mapping is committed; empty before.
 std::vector<Arena*> committed_arenas();
 
-}  // namespace rbln
+}  // namespace torch_rbln

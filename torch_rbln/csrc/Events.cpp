@@ -5,7 +5,7 @@
 #include <mutex>
 #include <utility>
 
-namespace rbln::events {
+namespace torch_rbln::events {
 
 namespace {
 std::mutex registry_mutex;
@@ -63,4 +63,4 @@ std::vector<Delta> drain() {
   return out;
 }
 
-}  // namespace rbln::events
+}  // namespace torch_rbln::events

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace rbln::events {
+namespace torch_rbln::events {
 
 // One counter of the stream, (kind, key) -> (count, amount); amount is bytes or nanoseconds.
 struct Counter {
@@ -51,4 +51,4 @@ struct Delta {
 };
 std::vector<Delta> drain();
 
-}  // namespace rbln::events
+}  // namespace torch_rbln::events

@@ -10,7 +10,7 @@
 
 namespace py = pybind11;
 
-namespace rbln {
+namespace torch_rbln {
 
 namespace {
 
@@ -42,7 +42,7 @@ void forward_to_python(const events::Counter& c, int64_t amount) {
 
 // A Python handle on a storage's state; it holds the storage, so the state outlives it.
 struct StateHandle {
-  explicit StateHandle(const at::Tensor& t) : storage(t.storage()), state(rbln::state_of(storage)) {}
+  explicit StateHandle(const at::Tensor& t) : storage(t.storage()), state(torch_rbln::state_of(storage)) {}
   c10::Storage storage;
   StorageState* state;
 };
@@ -112,11 +112,11 @@ void bind_runtime(py::module_& m) {
         "and install the PrivateUse1 allocator and allocation kernels.");
   m.def("follow_current_device_from_python",
         [](int index) {
-          follow_current_device_from_python();
-          set_current_device(index);
+          follow_python_current_device();
+          python_current_device_changed(index);
         },
         "While the device guard cannot tell the current device, Python tells it on every change.");
-  m.def("set_current_device", [](int index) { set_current_device(index); },
+  m.def("python_current_device_changed", [](int index) { python_current_device_changed(index); },
         "This thread's current device changed (to Python's runtime.devices.set_current).");
 
   // storage states ---------------------------------------------------------------------------
@@ -231,4 +231,4 @@ void bind_runtime(py::module_& m) {
   m.def("set_event_listening", &events::set_listening);
 }
 
-}  // namespace rbln
+}  // namespace torch_rbln

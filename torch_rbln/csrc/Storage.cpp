@@ -16,7 +16,7 @@
 #include "Allocator.h"
 #include "Events.h"
 
-namespace rbln {
+namespace torch_rbln {
 
 namespace {
 
@@ -468,4 +468,4 @@ void set_eager_malloc_parser(bool (*parse)(const char* raw)) {
   eager_parser = parse;
 }
 
-}  // namespace rbln
+}  // namespace torch_rbln

@@ -19,7 +19,7 @@
 
 #include "Arena.h"
 
-namespace rbln {
+namespace torch_rbln {
 
 enum class Residency : int8_t { Host = 0, Device = 1, Synced = 2 };
 
@@ -125,4 +125,4 @@ int64_t live_storage_states();
 bool eager_malloc();
 void set_eager_malloc_parser(bool (*parse)(const char* raw));
 
-}  // namespace rbln
+}  // namespace torch_rbln
