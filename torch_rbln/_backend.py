@@ -64,9 +64,10 @@ def setup() -> None:
 
 
 def _patch_storage_new() -> None:
-    """``torch.UntypedStorage(n, device="rbln")`` (behind ``storage.clone()``, ``deepcopy``,
-    ``storage.to("rbln")`` and ``torch.load``) would allocate through the C++ PrivateUse1
-    allocator, which a Python backend cannot provide: serve it from our ``empty`` kernel."""
+    """``torch.UntypedStorage(n, device="rbln:1")`` (behind ``storage.clone()``, ``deepcopy``,
+    ``storage.to("rbln")`` and ``torch.load``) allocates through the PrivateUse1 allocator under
+    a device guard, and the Python device guard drops the index (it always reports device 0):
+    serve it from the ``empty`` kernel, which passes the index to the same allocator."""
     cls = torch.UntypedStorage
     orig_new = cls.__new__
 

@@ -1,7 +1,7 @@
 """The ABI handshake: does the installed torch give the backend every private hook it uses?
 
 The backend is pure Python on torch's *private* extension points (the Python PrivateUse1 hooks,
-dispatcher redispatch, DLPack and storage constructors). They carry no compatibility promise,
+dispatcher redispatch, storage constructors). They carry no compatibility promise,
 so the backend pins ``torch==2.13.0`` and lists every private name it touches here, in one
 place. The handshake checks three things, the way the reference checks ``librbln.so``:
 
