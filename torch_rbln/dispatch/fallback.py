@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import config, events
-from ..runtime import devices
+from ..runtime import devices, generators
 from ..runtime.storage import CPU_KEYSET, buffer_of, wrap_host
 from . import factories
 
@@ -54,6 +54,8 @@ def _to_cpu(x, ctx: _Ctx):
         if ctx.index is None:
             ctx.index = x.index if x.index is not None else devices.current()
         return torch.device("cpu")
+    if isinstance(x, torch.Generator) and x.device.type == "rbln":
+        return generators.host(x)         # CPU kernels take CPU generators: the one it owns
     return x
 
 
@@ -152,8 +154,8 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     cpu_kwargs = {k: (_fresh_out(v, ctx) if k in outs else _to_cpu(v, ctx))
                   for k, v in kwargs.items()} if kwargs else {}
     if _wants_generator(op, kwargs):
-        from ..random import default_generator
-        cpu_kwargs["generator"] = default_generator(ctx.index if ctx.index is not None else devices.current())
+        cpu_kwargs["generator"] = generators.default_host(
+            ctx.index if ctx.index is not None else devices.current())
     name = op.name()
     if name in _HOST_TWIN:
         out = _run_twin(name, cpu_args, cpu_kwargs)
