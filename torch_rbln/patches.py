@@ -78,9 +78,8 @@ def _module_apply() -> None:
             return orig_apply(self, fn, recurse)
         shared: dict[int, list] = {}
         for mod in self.modules():
-            for name, p in mod._parameters.items():
-                if p is not None:
-                    shared.setdefault(id(p), []).append((mod, name))
+            for name, p in mod.named_parameters(recurse=False, remove_duplicate=False):
+                shared.setdefault(id(p), []).append((mod, name))
         tls.busy = True
         try:
             out = orig_apply(self, fn, recurse)
@@ -88,9 +87,9 @@ def _module_apply() -> None:
             tls.busy = False
         for slots in shared.values():
             if len(slots) > 1:
-                first = slots[0][0]._parameters[slots[0][1]]
+                first = getattr(*slots[0])
                 for mod, name in slots[1:]:
-                    mod._parameters[name] = first
+                    setattr(mod, name, first)
         return out
 
     torch.nn.Module._apply = _apply
