@@ -4,14 +4,15 @@ The backend relies on torch's *private* extension points (dispatcher redispatch,
 schemas, storage constructors, a few patched attributes) and its native core is built against
 torch's C++ headers. Neither carries a compatibility promise, so the backend pins
 ``torch==2.13.0`` and lists every private name it touches in ``patches.py`` (:data:`HOOKS` is
-derived from there). The handshake checks three things, the way the reference checks
+derived from there). The handshake checks four things, the way the reference checks
 ``librbln.so``:
 
 1. torch is the pinned version;
 2. every hook in :data:`HOOKS` resolves on it;
 3. the virtual NPU runtime's ABI window (``runtime.devices.RUNTIME_ABI_MIN_SUPPORTED ..
    RUNTIME_ABI_CURRENT``) accepts :data:`BUILT_ABI`, the runtime interface this backend was
-   written against.
+   written against;
+4. the native core (``torch_rbln._C``) loads against this torch.
 
 ``check()`` runs when the extension loads, before anything is registered, and raises
 ``ImportError("RBLN ABI mismatch: ...")`` on failure; ``python -m torch_rbln.diagnose`` prints
@@ -48,6 +49,7 @@ class Result:
     missing: list[Hook] = field(default_factory=list)
     torch_version: str | None = None
     window: tuple[int, int] | None = None
+    native: str | None = None          # where the native core was loaded from
 
     @property
     def reason(self) -> str:
@@ -124,8 +126,23 @@ def handshake(at_import: bool = False, torch_module=None) -> Result:
     why = _window_reason(BUILT_ABI, *res.window)
     if why:
         res.reasons.append(why)
+    if torch_module is None:
+        res.native, why = native_core()
+        if why:
+            res.reasons.append(f"the native core (torch_rbln._C, built against torch's C++ "
+                               f"headers when the package is installed) does not load: {why}; "
+                               "reinstall the package (`pip install -e .` in a checkout)")
     res.ok = not res.reasons
     return res
+
+
+def native_core() -> tuple[str | None, str | None]:
+    """(the file ``torch_rbln._C`` loaded from, why it does not load)."""
+    try:
+        from . import _C
+    except ImportError as e:   # not built, or built against another torch (undefined symbols)
+        return None, str(e)
+    return _C.__file__, None
 
 
 def mismatch_message(res: Result) -> str:
