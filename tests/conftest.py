@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,14 @@ def run_script(path, *args, env=None, cwd=None, timeout=300) -> subprocess.Compl
 def run_code(code: str, env=None, cwd=None, timeout=300) -> subprocess.CompletedProcess:
     """Run ``python -c code`` in a fresh process."""
     return run_script("-c", code, env=env, cwd=cwd, timeout=timeout)
+
+
+def run_json(body: str, env=None, timeout=300) -> dict:
+    """Run ``body`` (indented code is dedented) in a fresh process after ``import json, torch``;
+    it must ``print(json.dumps(...))`` last. Returns that JSON."""
+    r = run_code("import json, torch\n" + textwrap.dedent(body), env=env, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(autouse=True)

@@ -215,6 +215,16 @@ def test_every_hook_resolves_on_the_pinned_torch():
     from torch_rbln import abi
     res = abi.handshake()
     assert res.missing == [] and res.ok, res.reason
+    assert res.native.endswith(".so")
+
+
+def test_a_native_core_that_does_not_load_is_a_mismatch(monkeypatch):
+    from torch_rbln import abi
+    monkeypatch.setattr(abi, "native_core", lambda: (None, "undefined symbol: _ZN3c10foo"))
+    res = abi.handshake()
+    assert not res.ok
+    assert "the native core (torch_rbln._C" in res.reason and "undefined symbol" in res.reason
+    assert "reinstall the package" in abi.mismatch_message(res)
 
 
 # `torch._x.y` chains, `from torch._x import y` and `import torch._x` in the package sources

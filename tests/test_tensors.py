@@ -256,5 +256,5 @@ def test_storage_construction_clone_and_deepcopy():
     m = torch.nn.Linear(64, 8).to(D)
     m2 = copy.deepcopy(m)
     same(m2.weight, m.weight.cpu())
-    with pytest.raises(TypeError, match="only be created by size"):
-        torch.UntypedStorage([1, 2], device=D)
+    seq = torch.UntypedStorage([1, 2, 250], device=D)      # from a sequence of bytes, as on cuda
+    assert seq.device == torch.device("rbln:0") and seq.tolist() == [1, 2, 250]

@@ -1,15 +1,18 @@
 """The ABI handshake: does the installed torch give the backend every private hook it uses?
 
-The backend is pure Python on torch's *private* extension points (the Python PrivateUse1 hooks,
-dispatcher redispatch, storage constructors). They carry no compatibility promise,
-so the backend pins ``torch==2.13.0`` and lists every private name it touches here, in one
-place. The handshake checks three things, the way the reference checks ``librbln.so``:
+The backend relies on torch's *private* extension points (dispatcher redispatch, operator
+schemas, storage constructors, a few patched attributes) and its native core is built against
+torch's C++ headers. Neither carries a compatibility promise, so the backend pins
+``torch==2.13.0`` and lists every private name it touches in ``patches.py`` (:data:`HOOKS` is
+derived from there). The handshake checks four things, the way the reference checks
+``librbln.so``:
 
 1. torch is the pinned version;
 2. every hook in :data:`HOOKS` resolves on it;
 3. the virtual NPU runtime's ABI window (``runtime.devices.RUNTIME_ABI_MIN_SUPPORTED ..
    RUNTIME_ABI_CURRENT``) accepts :data:`BUILT_ABI`, the runtime interface this backend was
-   written against.
+   written against;
+4. the native core (``torch_rbln._C``) loads against this torch.
 
 ``check()`` runs when the extension loads, before anything is registered, and raises
 ``ImportError("RBLN ABI mismatch: ...")`` on failure; ``python -m torch_rbln.diagnose`` prints
@@ -24,6 +27,9 @@ import importlib
 import sys
 from dataclasses import dataclass, field
 
+from . import patches as _patches
+from .patches import Hook
+
 __all__ = ["BUILT_ABI", "TORCH_VERSION", "HOOKS", "Hook", "Result", "handshake", "check"]
 
 # Runtime interface (storage state / arena / allocator of the native core) this backend targets.
@@ -32,56 +38,8 @@ BUILT_ABI = 1
 TORCH_VERSION = "2.13.0"
 
 
-@dataclass(frozen=True)
-class Hook:
-    path: str              # dotted attribute path starting at ``torch``
-    used_for: str
-    at_import: bool = True  # False: only needed later (e.g. graph mode); diagnose still checks it
-
-
-HOOKS: tuple[Hook, ...] = (
-    # registration (_backend.py)
-    Hook("torch.utils.backend_registration._setup_privateuseone_for_python_backend",
-         "register rbln as a Python PrivateUse1 backend"),
-    Hook("torch.utils.rename_privateuse1_backend", "rename PrivateUse1 to rbln"),
-    Hook("torch.utils.generate_methods_for_privateuse1_backend", "Tensor.rbln() and friends"),
-    Hook("torch._register_device_module", "make torch.rbln the device module"),
-    Hook("torch._C._acc.register_python_privateuseone_hook", "PrivateUse1 hooks from Python"),
-    Hook("torch._C._acc.register_python_privateuseone_device_guard", "device guard from Python"),
-    Hook("torch._C._acc.PrivateUse1Hooks", "base class of the backend hooks"),
-    Hook("torch._C._acc.DeviceGuard", "base class of the device guard"),
-    Hook("torch._C._autograd.DeviceType.PrivateUse1", "device type reported by the guard"),
-    Hook("torch.library.Library.impl", "per-op PrivateUse1 kernels"),
-    Hook("torch.library.Library.fallback", "the boxed CPU fallback"),
-    # dispatch (dispatch/*)
-    Hook("torch._C.DispatchKeySet", "redispatch below PrivateUse1 to the CPU key"),
-    Hook("torch._C.DispatchKey.CPU", "redispatch below PrivateUse1 to the CPU key"),
-    Hook("torch._ops.OpOverload.redispatch", "view/metadata ops on rbln tensors (set_, ...)"),
-    Hook("torch._ops.OpOverload._handle", "boxed redispatch handle of an operator"),
-    Hook("torch.ops.aten.as_strided.default._handle", "views of fallback outputs"),
-    Hook("torch._C._DispatchOperatorHandle.redispatch_boxed", "boxed redispatch of view ops"),
-    Hook("torch._C._len_torch_dispatch_stack", "dispatch-mode pre-dispatch check"),
-    Hook("torch._C.TensorType", "reading operator schemas in the CPU fallback"),
-    Hook("torch._C._AutoDispatchBelowAutograd", "device kernels that bypass autograd"),
-    Hook("torch.nn.Module._apply", "Module.to(rbln) keeps tied parameters tied"),
-    Hook("torch.UntypedStorage.__new__", "UntypedStorage(n, device=rbln): clone, deepcopy, torch.load"),
-    Hook("torch.utils._python_dispatch.TorchDispatchMode", "op lowering in the compiler"),
-    Hook("torch._decomp.decomposition_table", "op lowering in the compiler"),
-    # graph mode (graph/backend.py): needed by the first torch.compile(backend="rbln")
-    Hook("torch._C._dispatch_has_kernel_for_dispatch_key", "graph partitioning", at_import=False),
-    Hook("torch._guards.detect_fake_mode", "graph-mode example inputs", at_import=False),
-    Hook("torch._guards.tracing", "graph-mode compile of a subgraph", at_import=False),
-    Hook("torch._guards.TracingContext", "graph-mode compile of a subgraph", at_import=False),
-    Hook("torch._guards.CompileContext.current_compile_id", "graph-mode program names",
-         at_import=False),
-    Hook("torch._dynamo.backends.common.aot_autograd", "graph-mode training", at_import=False),
-    Hook("torch._dynamo.reset", "dropping the program cache", at_import=False),
-    Hook("torch._inductor.compile_fx.compile_fx", "graph-mode kernels", at_import=False),
-    # autograd on several devices (backward.py)
-    Hook("torch.autograd.variable.Variable._execution_engine", "backward on rbln:1 and up"),
-    Hook("torch._C._set_multithreading_enabled", "backward on rbln:1 and up"),
-    Hook("torch._C._is_multithreading_enabled", "backward on rbln:1 and up"),
-)
+# every PyTorch name the backend patches or relies on, from the one list in patches.py
+HOOKS: tuple[Hook, ...] = _patches.hooks()
 
 
 @dataclass
@@ -91,6 +49,7 @@ class Result:
     missing: list[Hook] = field(default_factory=list)
     torch_version: str | None = None
     window: tuple[int, int] | None = None
+    native: str | None = None          # where the native core was loaded from
 
     @property
     def reason(self) -> str:
@@ -167,8 +126,23 @@ def handshake(at_import: bool = False, torch_module=None) -> Result:
     why = _window_reason(BUILT_ABI, *res.window)
     if why:
         res.reasons.append(why)
+    if torch_module is None:
+        res.native, why = native_core()
+        if why:
+            res.reasons.append(f"the native core (torch_rbln._C, built against torch's C++ "
+                               f"headers when the package is installed) does not load: {why}; "
+                               "reinstall the package (`pip install -e .` in a checkout)")
     res.ok = not res.reasons
     return res
+
+
+def native_core() -> tuple[str | None, str | None]:
+    """(the file ``torch_rbln._C`` loaded from, why it does not load)."""
+    try:
+        from . import _C
+    except ImportError as e:   # not built, or built against another torch (undefined symbols)
+        return None, str(e)
+    return _C.__file__, None
 
 
 def mismatch_message(res: Result) -> str:

@@ -1,10 +1,12 @@
-"""The ``torch.rbln`` namespace: device, memory, RNG, explain, compiled programs."""
+"""The ``torch.rbln`` namespace: device, streams and events, memory, RNG, explain, compiled
+programs."""
 
 from .device import *  # noqa: F401,F403
 from .device import _get_device_index  # noqa: F401
 from .memory import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
 from .random import _is_in_bad_fork  # noqa: F401
+from .streams import *  # noqa: F401,F403
 
 
 def __getattr__(name):

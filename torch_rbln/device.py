@@ -72,7 +72,9 @@ def is_initialized() -> bool:
 
 
 def get_amp_supported_dtype() -> list:
-    return [torch.float16, torch.bfloat16]
+    """Autocast is not supported on rbln (as in the reference): empty, so
+    ``torch.autocast("rbln", ...)`` warns and disables itself."""
+    return []
 
 
 def _check_index(idx: int) -> int:
@@ -130,10 +132,13 @@ def get_device_capability(device=None) -> dict:
 
 
 def synchronize(device=None) -> None:
-    """Wait for the device's pending work. The virtual NPU runs each program to completion when
-    it is launched, so this only validates the device and commits the mapping."""
+    """Wait until the work queued on every stream of the device has finished (programs run to
+    completion when launched; queued work is what overlaps with the host). Commits the
+    mapping."""
     idx = _check_index(_index_or_current(device))
     devices.arena(idx)
+    from . import _C
+    _C._synchronize_device(idx)
 
 
 class device:

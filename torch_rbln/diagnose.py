@@ -135,6 +135,7 @@ def abi_section(torch, error) -> list[str]:
             out.append(f"  private hooks: {len(abi.HOOKS) - len(res.missing)} of "
                        f"{len(abi.HOOKS)} present")
             out += [f"    [MISSING] {h.path}  (used for: {h.used_for})" for h in res.missing]
+            out.append(f"  native core: {res.native or 'does not load'}")
             verdict = res.verdict
         except Exception as e:
             verdict = f"MISMATCH -- the handshake could not run ({_err(e)})"

@@ -1,28 +1,20 @@
-"""torch.rbln RNG. Generators are host-side, one per logical device; random ops on rbln tensors
-draw from the generator of their device, so ``torch.rbln.manual_seed`` makes them reproducible
-independently of the CPU generator."""
+"""torch.rbln RNG: one default generator per logical device (``runtime/generators.py``); random
+ops on rbln tensors draw from the generator of their device (or the ``generator=`` given), so
+``torch.rbln.manual_seed`` makes them reproducible independently of the CPU generator."""
 
 from __future__ import annotations
 
 import torch
 
-from .runtime import devices
+from .runtime import devices, generators
 
 __all__ = ["manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
            "get_rng_state_all", "set_rng_state", "set_rng_state_all", "default_generator"]
 
-_generators: dict[int, torch.Generator] = {}
-_pending_seed_all: int | None = None
-
 
 def default_generator(index: int | None = None) -> torch.Generator:
-    idx = devices.current() if index is None else index
-    g = _generators.get(idx)
-    if g is None:
-        g = _generators[idx] = torch.Generator()
-        if _pending_seed_all is not None:
-            g.manual_seed(_pending_seed_all)
-    return g
+    """The default generator of device ``index`` (the current device for None)."""
+    return generators.default(devices.current() if index is None else index)
 
 
 def _index(device) -> int:
@@ -41,11 +33,7 @@ def manual_seed(seed: int) -> None:
 
 def manual_seed_all(seed: int) -> None:
     """Seed every device's generator, including ones created later. Never raises."""
-    global _pending_seed_all
-    s = int(seed) & ((1 << 64) - 1)
-    _pending_seed_all = s
-    for g in _generators.values():
-        g.manual_seed(s)
+    generators.manual_seed_all(int(seed) & ((1 << 64) - 1))
 
 
 def seed() -> None:
@@ -53,7 +41,7 @@ def seed() -> None:
 
 
 def seed_all() -> None:
-    for i in range(max(1, devices.count())):
+    for i in range(devices.count()):
         default_generator(i).seed()
 
 

@@ -1,12 +1,12 @@
 #include "Allocator.h"
 
 #include <ATen/EmptyTensor.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
 #include <atomic>
 #include <memory>
 
+#include "Guard.h"
 #include "Storage.h"
 
 namespace torch_rbln {
@@ -14,14 +14,11 @@ namespace torch_rbln {
 namespace {
 
 thread_local c10::DeviceIndex allocation_device = -1;
-std::atomic<bool> current_from_python{false};
-thread_local c10::DeviceIndex python_current_device = 0;
 
 class HostViewAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    const c10::DeviceIndex index =
-        allocation_device >= 0 ? allocation_device : allocation_default_device();
+    const c10::DeviceIndex index = allocation_device >= 0 ? allocation_device : current_device();
     return new_host_view(static_cast<int64_t>(nbytes), index);
   }
 
@@ -33,8 +30,7 @@ class HostViewAllocator final : public c10::Allocator {
 HostViewAllocator the_allocator;
 
 c10::DeviceIndex index_of(std::optional<c10::Device> device) {
-  return device.has_value() && device->has_index() ? device->index()
-                                                    : allocation_default_device();
+  return device.has_value() && device->has_index() ? device->index() : current_device();
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -68,24 +64,6 @@ AllocationDevice::AllocationDevice(c10::DeviceIndex index) : previous_(allocatio
 
 AllocationDevice::~AllocationDevice() {
   allocation_device = previous_;
-}
-
-c10::DeviceIndex allocation_default_device() {
-  if (current_from_python.load(std::memory_order_relaxed)) {
-    return python_current_device;
-  }
-  if (c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) {
-    return c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
-  }
-  return 0;
-}
-
-void follow_python_current_device() {
-  current_from_python.store(true);
-}
-
-void python_current_device_changed(c10::DeviceIndex index) {
-  python_current_device = index;
 }
 
 void register_allocator_and_kernels() {

@@ -11,7 +11,9 @@ namespace torch_rbln {
 c10::Allocator* allocator();
 
 // The logical device of allocations on this thread while alive (the allocation kernels set it,
-// so a storage lands on the requested index whatever the current device is).
+// so a storage lands on the requested index whatever the current device is). Without one, an
+// allocation goes to the thread's current device (the device guard's: PyTorch's own paths,
+// such as torch.UntypedStorage(n, device="rbln:1"), select the device through the guard).
 class AllocationDevice {
  public:
   explicit AllocationDevice(c10::DeviceIndex index);
@@ -23,12 +25,6 @@ class AllocationDevice {
   c10::DeviceIndex previous_;
 };
 
-// The logical device of an allocation that names none: the device guard's current device.
-// While the device guard is the Python one (which always reports device 0), Python tells the
-// allocator every change of the thread's current device instead.
-c10::DeviceIndex allocation_default_device();
-void follow_python_current_device();
-void python_current_device_changed(c10::DeviceIndex index);  // on this thread
 
 // Installs the allocator for PrivateUse1 and registers the allocation kernels (once).
 void register_allocator_and_kernels();

@@ -1,5 +1,13 @@
 // torch_rbln._C: the native core. Each concern lives in its own file and adds its bindings here.
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
+
+namespace torch_rbln {
+void bind_guard(pybind11::module_& m);
+void bind_stream(pybind11::module_& m);
+void bind_generator(pybind11::module_& m);
+void bind_pinned_allocator(pybind11::module_& m);
+void bind_hooks(pybind11::module_& m);
+}  // namespace torch_rbln
 
 namespace torch_rbln {
 void bind_runtime(pybind11::module_& m);  // Runtime.cpp
@@ -9,4 +17,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch-rbln native core";
   m.attr("ABI") = 1;
   torch_rbln::bind_runtime(m);
+  torch_rbln::bind_guard(m);
+  torch_rbln::bind_stream(m);
+  torch_rbln::bind_generator(m);
+  torch_rbln::bind_pinned_allocator(m);
+  torch_rbln::bind_hooks(m);
 }

@@ -110,14 +110,6 @@ void bind_runtime(py::module_& m) {
         },
         "Connect the runtime core to Python's device mapping, environment and event stream, "
         "and install the PrivateUse1 allocator and allocation kernels.");
-  m.def("follow_current_device_from_python",
-        [](int index) {
-          follow_python_current_device();
-          python_current_device_changed(index);
-        },
-        "While the device guard cannot tell the current device, Python tells it on every change.");
-  m.def("python_current_device_changed", [](int index) { python_current_device_changed(index); },
-        "This thread's current device changed (to Python's runtime.devices.set_current).");
 
   // storage states ---------------------------------------------------------------------------
   py::class_<StateHandle>(m, "StorageState",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import config, events
-from ..runtime import devices
+from ..runtime import devices, generators
 from ..runtime.storage import CPU_KEYSET, state_of, wrap_host
 from . import factories
 
@@ -54,6 +54,8 @@ def _to_cpu(x, ctx: _Ctx):
         if ctx.index is None:
             ctx.index = x.index if x.index is not None else devices.current()
         return torch.device("cpu")
+    if isinstance(x, torch.Generator) and x.device.type == "rbln":
+        return generators.host(x)         # CPU kernels take CPU generators: the one it owns
     return x
 
 
@@ -85,15 +87,33 @@ def _sync_back(t: torch.Tensor, ctx: _Ctx) -> None:
     state.host_write(whole=False)
 
 
-_GEN_OPS: dict = {}
+_GEN_SLOT: dict = {}
 
 
-def _wants_generator(op, kwargs) -> bool:
+def _generator_slot(op) -> int | None:
+    """Position of a random op's ``generator`` argument (None: the op takes none)."""
+    slot = _GEN_SLOT.get(op, False)
+    if slot is False:
+        slot = _GEN_SLOT[op] = next((i for i, a in enumerate(op._schema.arguments)
+                                     if a.name == "generator"), None)
+    return slot
+
+
+def _index(ctx: _Ctx) -> int:
+    return ctx.index if ctx.index is not None else devices.current()
+
+
+def _device_generator(op, args, kwargs, ctx: _Ctx):
     """RNG ops without an explicit generator draw from the rbln device's generator."""
-    has = _GEN_OPS.get(op)
-    if has is None:
-        has = _GEN_OPS[op] = any(a.name == "generator" and a.kwarg_only for a in op._schema.arguments)
-    return has and kwargs.get("generator") is None
+    slot = _generator_slot(op)
+    if slot is None:
+        return args, kwargs
+    if slot < len(args):
+        if args[slot] is None:
+            args = (*args[:slot], generators.default_host(_index(ctx)), *args[slot + 1:])
+    elif kwargs.get("generator") is None:
+        kwargs["generator"] = generators.default_host(_index(ctx))
+    return args, kwargs
 
 
 def _to_rbln(x, ctx: _Ctx):
@@ -151,11 +171,12 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     outs = _out_names(op) if kwargs else ()
     cpu_kwargs = {k: (_fresh_out(v, ctx) if k in outs else _to_cpu(v, ctx))
                   for k, v in kwargs.items()} if kwargs else {}
-    if _wants_generator(op, kwargs):
-        from ..random import default_generator
-        cpu_kwargs["generator"] = default_generator(ctx.index if ctx.index is not None else devices.current())
+    cpu_args, cpu_kwargs = _device_generator(op, cpu_args, cpu_kwargs, ctx)
     name = op.name()
-    if name in _HOST_TWIN:
+    if name in generators.DRAW_FROM_CPU_DEFAULT:
+        with generators.cpu_default_from(_index(ctx)):
+            out = op(*cpu_args, **cpu_kwargs)
+    elif name in _HOST_TWIN:
         out = _run_twin(name, cpu_args, cpu_kwargs)
     elif _number_in_tensor_slot(op, cpu_args):
         # a wrapped Python scalar reached us as a plain number: let the overload packet pick

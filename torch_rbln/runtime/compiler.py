@@ -12,8 +12,7 @@ Compiling one op instance means:
    the executor (``runtime/lowering.py``) picks the kernel form for that key.
 
 The cache lives in the process only. ``torch.rbln.empty_cache()`` and ``torch._dynamo.reset()``
-drop it (:func:`install_dynamo_reset_hook` wraps the latter lazily, so ``import torch`` does not
-import Dynamo).
+drop it (the latter through a patch in ``torch_rbln/patches.py``).
 """
 
 from __future__ import annotations
@@ -237,50 +236,3 @@ def compile_op(op_name: str, body, key, args, kwargs, build) -> Program:
         _cache[key] = prog
     _record("recompile", op_name, prog.compile_ns)
     return prog
-
-
-# -------------------------------------------------------------------------------------------
-# torch._dynamo.reset() also drops the program cache
-
-def install_dynamo_reset_hook() -> None:
-    """Wrap ``torch._dynamo.reset`` once Dynamo is imported, without importing it now."""
-    import sys
-    mod = sys.modules.get("torch._dynamo")
-    if mod is not None:
-        _wrap_reset(mod)
-        return
-    import importlib.abc
-
-    class _Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch._dynamo":
-                # let the normal import run, then patch the module when it finishes loading
-                sys.meta_path.remove(self)
-                import importlib.util
-                spec = importlib.util.find_spec(name)
-                if spec is not None and spec.loader is not None:
-                    exec_module = spec.loader.exec_module
-
-                    def _exec(module):
-                        exec_module(module)
-                        _wrap_reset(module)
-                    spec.loader.exec_module = _exec
-                return spec
-            return None
-
-    sys.meta_path.insert(0, _Finder())
-
-
-def _wrap_reset(mod) -> None:
-    orig = getattr(mod, "reset", None)
-    if orig is None or getattr(orig, "_rbln_wrapped", False):
-        return
-
-    def reset(*args, **kwargs):
-        clear_cache()
-        return orig(*args, **kwargs)
-
-    reset._rbln_wrapped = True
-    reset.__wrapped__ = orig
-    reset.__doc__ = orig.__doc__
-    mod.reset = reset

@@ -152,6 +152,8 @@ def commit() -> Plan:
                 warnings.warn(f"{len(p.unused)} physical NPU(s) are unused due to grouping "
                               f"constraints: {list(p.unused)}", stacklevel=3)
             _committed = p
+            if _native is not None:
+                _native._commit_device_count(len(p.groups))
             from .. import log
             log.on_mapping_committed(p)
         return _committed
@@ -240,19 +242,32 @@ def summary_text(p: Plan) -> str:
     return "\n".join(out)
 
 
-# current device (per thread, like torch.cuda)
+# The current device (per thread, like torch.cuda) lives in the native core's device guard, so
+# PyTorch's C++ (DeviceGuard, torch.accelerator, autograd's device threads) and this module
+# see one value. Until the backend binds the native core (diagnose mode never does), a Python
+# thread-local stands in.
+_native = None
 _tls = threading.local()
 
 
+def bind_native(native) -> None:
+    """Hand the current device and the device count over to the native core's guard."""
+    global _native
+    native.set_device(current())
+    native._set_device_count_source(count)
+    if _committed is not None:
+        native._commit_device_count(len(_committed.groups))
+    _native = native
+
+
 def current() -> int:
-    return getattr(_tls, "index", 0)
-
-
-# told of every change while the allocator cannot ask the device guard (set by the backend)
-on_set_current = None
+    n = _native
+    return n.current_device() if n is not None else getattr(_tls, "index", 0)
 
 
 def set_current(index: int) -> None:
-    _tls.index = index
-    if on_set_current is not None:
-        on_set_current(index)
+    n = _native
+    if n is not None:
+        n.set_device(index)
+    else:
+        _tls.index = index

@@ -1,0 +1,284 @@
+"""Every change this package makes to PyTorch's own objects, and every private PyTorch name it
+relies on, in one place.
+
+PyTorch has no extension point for a few things an rbln user expects (tied weights staying tied
+across ``Module.to``, ``torch.accelerator`` memory statistics, the default ``torch.compile`` on
+rbln tensors, ...). Each :class:`Patch` replaces one PyTorch attribute for that, says why, and is
+applied once at load by :func:`apply_all`. :data:`PRIVATE` lists the private (or undocumented)
+PyTorch names the rest of the package uses without changing them.
+
+The ABI handshake (``abi.HOOKS``) is derived from both lists, so it checks every one of them on
+the installed torch; ``tests/test_diagnose.py`` fails when the package uses a private torch name
+that is not listed here.
+
+Nothing here imports torch at module level: diagnose reads the lists where ``import torch``
+fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Hook:
+    path: str              # dotted attribute path starting at ``torch``
+    used_for: str
+    at_import: bool = True  # False: only needed later (e.g. graph mode); diagnose still checks it
+
+
+@dataclass(frozen=True)
+class Patch:
+    targets: tuple[str, ...]   # the PyTorch attributes replaced (dotted, starting at ``torch``)
+    why: str
+    apply: Callable[[], None]
+    at_import: bool = True     # False: resolving a target imports a heavy module (Dynamo)
+
+
+# -- the patches ----------------------------------------------------------------------------
+
+def _module_apply() -> None:
+    """Keep tied parameters tied when modules move to or from rbln.
+
+    PyTorch moves a parameter in place (``param.data = new``, same object) only between
+    backends whose TensorImpls it knows to be interchangeable (CPU, CUDA, ...), not
+    PrivateUse1; otherwise each module gets a fresh Parameter, which unties shared weights.
+    After the outermost ``Module._apply`` (``to``, ``cpu``, ``half``, ...), every module slot that
+    held one shared parameter points at one object again, as a move to CUDA leaves them."""
+    import threading
+
+    import torch
+    orig_apply = torch.nn.Module._apply
+    tls = threading.local()
+
+    def _apply(self, fn, recurse=True):
+        if getattr(tls, "busy", False):
+            return orig_apply(self, fn, recurse)
+        shared: dict[int, list] = {}
+        for mod in self.modules():
+            for name, p in mod.named_parameters(recurse=False, remove_duplicate=False):
+                shared.setdefault(id(p), []).append((mod, name))
+        tls.busy = True
+        try:
+            out = orig_apply(self, fn, recurse)
+        finally:
+            tls.busy = False
+        for slots in shared.values():
+            if len(slots) > 1:
+                first = getattr(*slots[0])
+                for mod, name in slots[1:]:
+                    setattr(mod, name, first)
+        return out
+
+    torch.nn.Module._apply = _apply
+
+
+_ACCELERATOR_MEMORY = ("memory_stats", "empty_cache", "reset_peak_memory_stats",
+                       "reset_accumulated_memory_stats", "get_memory_info")
+
+
+def _accelerator_memory() -> None:
+    """``torch.accelerator``'s memory functions ask the C++ device allocator of the device
+    type, which does not hold rbln memory: for rbln, answer them from ``torch.rbln``."""
+    import collections
+
+    import torch
+    import torch.accelerator as acc
+    import torch.accelerator.memory as accmem
+
+    from . import api
+
+    def _is_rbln(device_index) -> bool:
+        if isinstance(device_index, (str, torch.device)):
+            return torch.device(device_index).type == "rbln"
+        cur = torch.accelerator.current_accelerator()
+        return cur is not None and cur.type == "rbln"
+
+    def _idx(device_index):
+        if isinstance(device_index, (str, torch.device)):
+            return torch.device(device_index).index
+        return device_index
+
+    def _wrap(name, ours):
+        orig = getattr(acc, name)
+
+        def fn(device_index=None, /):
+            if _is_rbln(device_index):
+                return ours(_idx(device_index))
+            return orig(device_index)
+
+        fn.__doc__ = orig.__doc__
+        fn.__name__ = name
+        setattr(acc, name, fn)
+        if hasattr(accmem, name):
+            setattr(accmem, name, fn)
+
+    def memory_stats(idx):
+        s = api.memory_stats(idx)
+        out = collections.OrderedDict()
+        for ours, theirs in (("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"),
+                             ("active", "active_bytes")):
+            out[f"{theirs}.all.current"] = s.get(f"{ours}.current", 0)
+            out[f"{theirs}.all.peak"] = s.get(f"{ours}.peak", 0)
+            out[f"{theirs}.all.allocated"] = s.get(f"{ours}.total_allocated", 0)
+            out[f"{theirs}.all.freed"] = s.get(f"{ours}.total_freed", 0)
+        out["inactive_split_bytes.all.current"] = s.get("cached.current", 0)
+        out["num_alloc_retries"] = s.get("num_alloc_retries", 0)
+        out["num_ooms"] = s.get("num_ooms", 0)
+        out["num_device_alloc"] = s.get("num_device_alloc", 0)
+        out["num_device_free"] = s.get("num_device_free", 0)
+        return out
+
+    _wrap("memory_stats", memory_stats)
+    _wrap("empty_cache", lambda idx: api.empty_cache(idx))
+    _wrap("reset_peak_memory_stats", lambda idx: api.reset_peak_memory_stats(idx))
+    _wrap("reset_accumulated_memory_stats", lambda idx: api.reset_accumulated_memory_stats(idx))
+    _wrap("get_memory_info", lambda idx: api.mem_get_info(idx))
+
+
+def _dynamo_reset() -> None:
+    """``torch._dynamo.reset()`` also drops the eager program cache. Dynamo takes seconds to
+    import, so the patch waits for its import instead of importing it now."""
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    def wrap(mod) -> None:
+        orig = getattr(mod, "reset", None)
+        if orig is None or getattr(orig, "_rbln_wrapped", False):
+            return
+
+        def reset(*args, **kwargs):
+            from .runtime import compiler
+            compiler.clear_cache()
+            return orig(*args, **kwargs)
+
+        reset._rbln_wrapped = True
+        reset.__wrapped__ = orig
+        reset.__doc__ = orig.__doc__
+        mod.reset = reset
+
+    mod = sys.modules.get("torch._dynamo")
+    if mod is not None:
+        wrap(mod)
+        return
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch._dynamo":
+                return None
+            # let the normal import run, then patch the module when it finishes loading
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.loader is not None:
+                exec_module = spec.loader.exec_module
+
+                def _exec(module):
+                    exec_module(module)
+                    wrap(module)
+                spec.loader.exec_module = _exec
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+
+def _default_compile() -> None:
+    """``torch.compile(f)`` (the default backend, Inductor) on rbln tensors runs the graph with
+    the rbln backend: Inductor has no code generator for rbln (it would fail with
+    ``KeyError: 'rbln'``), and library code (``transformers``' ``generate``) compiles with the
+    default backend. Graphs without rbln tensors go to Inductor unchanged; Inductor's options
+    and ``mode`` do not apply to the rbln backend."""
+    import torch
+    cls = torch._TorchCompileInductorWrapper
+    orig_call = cls.__call__
+
+    def __call__(self, model_, inputs_, *args, **kwargs):
+        if _touches_rbln(model_, inputs_):
+            from .graph.backend import rbln_backend
+            return rbln_backend(model_, inputs_)
+        return orig_call(self, model_, inputs_, *args, **kwargs)
+
+    __call__.__wrapped__ = orig_call
+    cls.__call__ = __call__
+
+
+def _touches_rbln(gm, inputs) -> bool:
+    """An rbln tensor among the graph's inputs or among the values its nodes produce."""
+    import torch
+
+    def rbln(v) -> bool:
+        return isinstance(v, torch.Tensor) and v.device.type == "rbln"
+
+    if any(rbln(v) for v in inputs):
+        return True
+    graph = getattr(gm, "graph", None)
+    for node in (graph.nodes if graph is not None else ()):
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if rbln(v) or (isinstance(v, (tuple, list)) and any(rbln(x) for x in v)):
+            return True
+    return False
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(("torch.nn.Module._apply",), "Module.to(rbln) keeps tied parameters tied",
+          _module_apply),
+    Patch(tuple(f"torch.accelerator.{name}" for name in _ACCELERATOR_MEMORY),
+          "torch.accelerator memory statistics for rbln", _accelerator_memory),
+    Patch(("torch._dynamo.reset",), "torch._dynamo.reset() drops the eager program cache",
+          _dynamo_reset, at_import=False),
+    Patch(("torch._TorchCompileInductorWrapper.__call__",),
+          "default torch.compile on rbln tensors runs the rbln backend", _default_compile),
+)
+
+
+def apply_all() -> None:
+    """Apply every patch (once per process: the backend loads once)."""
+    for p in PATCHES:
+        p.apply()
+
+
+# -- private names used as they are ---------------------------------------------------------
+
+PRIVATE: tuple[Hook, ...] = (
+    # registration (_backend.py)
+    Hook("torch.utils.rename_privateuse1_backend", "rename PrivateUse1 to rbln"),
+    Hook("torch.utils.generate_methods_for_privateuse1_backend", "Tensor.rbln() and friends"),
+    Hook("torch._register_device_module", "make torch.rbln the device module"),
+    Hook("torch.library.Library.impl", "per-op PrivateUse1 kernels"),
+    Hook("torch.library.Library.fallback", "the boxed CPU fallback"),
+    Hook("torch.library.fallthrough_kernel", "autocast on rbln does nothing if forced on"),
+    # dispatch (dispatch/*)
+    Hook("torch._C.DispatchKeySet", "redispatch below PrivateUse1 to the CPU key"),
+    Hook("torch._C.DispatchKey.CPU", "redispatch below PrivateUse1 to the CPU key"),
+    Hook("torch._ops.OpOverload.redispatch", "view/metadata ops on rbln tensors (set_, ...)"),
+    Hook("torch._ops.OpOverload._handle", "boxed redispatch handle of an operator"),
+    Hook("torch.ops.aten.as_strided.default._schema", "reading operator schemas (fallback, checks)"),
+    Hook("torch._ops.OpOverload._opname", "the op's packet name in the compiler"),
+    Hook("torch.ops.aten.as_strided.default._op", "the C++ callable of an overload (executor)"),
+    Hook("torch._ops.OpOverload.decompose", "CompositeImplicit ops lowered by the compiler"),
+    Hook("torch.ops.aten.as_strided.default._handle", "views of fallback outputs"),
+    Hook("torch._C._DispatchOperatorHandle.redispatch_boxed", "boxed redispatch of view ops"),
+    Hook("torch._C._len_torch_dispatch_stack", "dispatch-mode pre-dispatch check"),
+    Hook("torch._C.TensorType", "reading operator schemas in the CPU fallback"),
+    Hook("torch._C._AutoDispatchBelowAutograd", "device kernels that bypass autograd"),
+    Hook("torch.Tensor._base", "whether a device op result owns its storage"),
+    Hook("torch.utils._python_dispatch.TorchDispatchMode", "op lowering in the compiler"),
+    Hook("torch.utils._python_dispatch.TorchDispatchMode._should_skip_dynamo",
+         "the compiler's lowering mode never imports Dynamo"),
+    Hook("torch._decomp.decomposition_table", "op lowering in the compiler"),
+    # graph mode (graph/*): needed by the first torch.compile(backend="rbln")
+    Hook("torch._C._dispatch_has_kernel_for_dispatch_key", "graph partitioning", at_import=False),
+    Hook("torch._guards.detect_fake_mode", "graph-mode example inputs", at_import=False),
+    Hook("torch._guards.tracing", "graph-mode compile of a subgraph", at_import=False),
+    Hook("torch._guards.TracingContext", "graph-mode compile of a subgraph", at_import=False),
+    Hook("torch._guards.CompileContext.current_compile_id", "graph-mode program names",
+         at_import=False),
+    Hook("torch._dynamo.backends.common.aot_autograd", "graph-mode training", at_import=False),
+    Hook("torch._inductor.compile_fx.compile_fx", "graph-mode kernels", at_import=False),
+)
+
+
+def hooks() -> tuple[Hook, ...]:
+    """Every PyTorch name the backend patches or relies on (what ``abi.HOOKS`` checks)."""
+    return tuple(Hook(t, p.why, p.at_import) for p in PATCHES for t in p.targets) + PRIVATE
