@@ -19,7 +19,7 @@ import torch
 
 from .. import config, events
 from ..log import user_stacklevel
-from ..runtime import compiler, devices, lowering
+from ..runtime import compiler, devices, executors
 from ..runtime.storage import buffer_of, new_device_tensor, wrap_host
 from . import checks, factories, fallback
 from .copy import covers
@@ -142,7 +142,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
     # the kwarg-only output (`out`, or `grad_input` for backward kernels)
     out_name = next((a.name for a in registered._schema.arguments if a.kwarg_only and a.alias_info
                      and a.alias_info.is_write), "out")
-    custom = lowering.CUSTOM.get(entry.kernel)
+    custom = executors.CUSTOM.get(entry.kernel)
     body = custom if custom is not None else fn          # what the compiler lowers
     kernel_form = entry.kernel
     skip = entry.skip_dtype
@@ -154,7 +154,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
     fast = entry.fast_path or custom is not None         # custom programs run on host views too
 
     def build(out_meta):
-        return lowering.build(kernel_form, fn, out_meta)
+        return executors.build(kernel_form, fn, out_meta)
 
     def run_fallback(reason, args, kwargs, out, index):
         _record("cpu_fallback_reason", reason)

@@ -1,6 +1,6 @@
 """The device op table: which aten overloads the virtual NPU runs, and under which rules.
 
-This is data. Adding a device op is one entry here, plus a kernel in ``runtime/lowering.py``
+This is data. Adding a device op is one entry here, plus a kernel in ``runtime/executors.py``
 when the op is not computed by its functional aten twin.
 
 Fields of :class:`OpEntry`:
@@ -17,7 +17,7 @@ Fields of :class:`OpEntry`:
 * ``skip_dtype`` positional indices excluded from the dtype check (``where``'s condition)
 * ``fast_path``  a fallback of this op runs through a host fast-path handler (explain lists
   fallback ops *without* one as optimization candidates)
-* ``kernel``     the executor form (``runtime/lowering.py``): ``"direct"`` (the functional op on
+* ``kernel``     the executor form (``runtime/executors.py``): ``"direct"`` (the functional op on
   device memory; its CPU kernel already accumulates in fp32 and rounds once), ``"fp32"``
   (inputs widened to fp32, one rounding at the end), or the name of a custom kernel
 * ``operands``   positional indices the checks look at (empty: every tensor argument)

@@ -24,7 +24,7 @@ import torch.fx
 from ..dispatch import checks
 from ..dispatch.device_op import GATES
 from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry
-from ..runtime import lowering
+from ..runtime import executors
 
 NO_KERNEL = "no-device-kernel"
 
@@ -43,7 +43,7 @@ class Placement:
     where: str              # "device", "host", "free", or "cpu" (CPU tensors only: not ours)
     op: str = ""            # the name reports use (the eager kernel's, e.g. ``aten::mul.out``)
     reason: str = ""        # why a host node is not on the device
-    kernel: str = ""        # a custom program body (``runtime/lowering.py``), on either side
+    kernel: str = ""        # a custom program body (``runtime/executors.py``), on either side
 
 
 FREE = Placement("free")
@@ -159,7 +159,7 @@ def place(node: torch.fx.Node) -> Placement:
     if entry is None:
         return Placement("host", target.name(), NO_KERNEL)
     op = "aten::" + entry.name
-    kernel = entry.kernel if entry.kernel in lowering.CUSTOM else ""
+    kernel = entry.kernel if entry.kernel in executors.CUSTOM else ""
     reason = _check(entry, node)
     if reason is not None:
         return Placement("host", op, reason, kernel)

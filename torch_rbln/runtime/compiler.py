@@ -9,7 +9,7 @@ Compiling one op instance means:
    :class:`CompileError` (the ``compile_error`` fallback category);
 3. *build* a :class:`Program` specialised to the cache key (see ``dispatch/device_op.py``): the
    output's shape, dtype and strides are fixed from the meta trace, scalars are baked in, and
-   the executor (``runtime/lowering.py``) picks the kernel form for that key.
+   the executor (``runtime/executors.py``) picks the kernel form for that key.
 
 The cache lives in the process only. ``torch.rbln.empty_cache()`` and ``torch._dynamo.reset()``
 drop it (:func:`install_dynamo_reset_hook` wraps the latter lazily, so ``import torch`` does not
