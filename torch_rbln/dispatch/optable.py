@@ -112,7 +112,7 @@ DEVICE_OPS: tuple[OpEntry, ...] = (
 
 BY_NAME = {e.name: e for e in DEVICE_OPS}
 
-# Data-movement ops the device's copy engine runs natively (``dispatch/native.py``): no
+# Data-movement ops the device's copy engine runs natively (``dispatch/data_movement.py``): no
 # compile, no pre-dispatch checks, any dtype; they run where their data is.
 NATIVE_OPS = (
     "cat.out", "cat", "index_select.out", "index_select", "index_copy.out", "index_copy_",
