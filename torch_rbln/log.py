@@ -119,5 +119,5 @@ def _on_event(kind: str, key: str, amount: int) -> None:
 
 def on_mapping_committed(plan) -> None:
     if logger.isEnabledFor(logging.DEBUG):
-        from .device import summary_text
+        from .device_api import summary_text
         logger.debug("Device configuration complete:\n%s", summary_text(plan))

@@ -26,7 +26,7 @@ def default_generator(index: int | None = None) -> torch.Generator:
 
 
 def _index(device) -> int:
-    from .device import _index_or_current
+    from .device_api import _index_or_current
     idx = _index_or_current(device)
     return devices.current() if idx < 0 else idx
 
