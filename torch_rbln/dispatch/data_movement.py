@@ -24,7 +24,7 @@ import torch
 from .. import config, events
 from ..runtime import devices
 from ..runtime.storage import DEVICE, HOST, buffer_of
-from . import device_op, factories, fallback
+from . import factories, fallback, results
 from .copy import covers
 
 _record = events.record
@@ -73,10 +73,10 @@ def _run(name, compute, sources, out, index, primitive="v2v_multi"):
     if _on_device(sources):
         t0 = _perf_ns()
         res = compute(_dev)
-        res = device_op._deliver_device(res, out, index)
+        res = results.deliver_device(res, out, index)
         _record("runtime", primitive, _perf_ns() - t0)
         return res
-    return device_op._deliver_host(compute(_host), out, index)
+    return results.deliver_host(compute(_host), out, index)
 
 
 def _strided_fallback(op, args, kwargs, why: str, nbytes: int):

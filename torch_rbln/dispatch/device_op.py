@@ -13,16 +13,13 @@ CPU fallback.
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
 
 from .. import config, events
-from ..log import user_stacklevel
 from ..runtime import compiler, devices, executors
-from ..runtime.storage import buffer_of, new_device_tensor, wrap_host
-from . import checks, factories, fallback
-from .copy import covers
+from ..runtime.storage import buffer_of
+from . import checks, fallback, results
 from .optable import OpEntry
 
 _record = events.record
@@ -55,76 +52,6 @@ def _host_args(args):
             b.host_read()
             a = b.host_alias(a)
         out.append(a)
-    return out
-
-
-def _owned_nbytes(x: torch.Tensor) -> int | None:
-    """The size of ``x``'s storage if ``x`` spans exactly all of it (dense, offset 0, so it
-    can become a buffer as is), else None."""
-    n = x.untyped_storage().nbytes()
-    if (x.storage_offset() == 0 and n == x.numel() * x.itemsize
-            and (x.is_contiguous() or 0 not in x.stride())):
-        return n
-    return None
-
-
-def _wrap_result(x, index):
-    """A fresh CPU result (host memory) as an rbln tensor, host-latest, no copy."""
-    if isinstance(x, _Tensor):
-        if _owned_nbytes(x) is None:
-            x = x.clone(memory_format=torch.contiguous_format)
-        return wrap_host(x, index)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_wrap_result(v, index) for v in x)
-    return x
-
-
-def _resize_out(out, shape) -> None:
-    """Resize an ``out=`` tensor to the result's shape, warning as PyTorch's kernels do."""
-    if out.numel():
-        warnings.warn(
-            f"An output with one or more elements was resized since it had shape "
-            f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
-            f"This behavior is deprecated, and in a future PyTorch release outputs will not be "
-            f"resized unless they have zero elements. You can explicitly reuse an out tensor t "
-            f"by resizing it, inplace, to zero elements with t.resize_(0).", UserWarning,
-            stacklevel=user_stacklevel())
-    factories.resize_(out, shape)
-
-
-def _deliver_host(result, out, index):
-    if out is None:
-        return _wrap_result(result, index)
-    if out.shape != result.shape:
-        _resize_out(out, result.shape)
-    ob = buffer_of(out)
-    ob.host_write(whole=covers(out, ob))
-    ob.host_alias(out).copy_(result)
-    return out
-
-
-def _deliver_device(result, out, index: int):
-    """Make ``result`` (computed in device memory) the data of ``out`` or of a new rbln tensor."""
-    if out is None:
-        if isinstance(result, _Tensor):
-            # a fresh kernel output owns its storage (dense, offset 0); anything else is copied
-            nbytes = _owned_nbytes(result) if result._base is None else None
-            if nbytes is None:
-                result = result.clone(memory_format=torch.contiguous_format)
-                nbytes = result.numel() * result.itemsize
-            return new_device_tensor(result, nbytes, index)
-        if isinstance(result, (list, tuple)):
-            return type(result)(_deliver_device(r, None, index) for r in result)
-        return result
-    if out.shape != result.shape:
-        _resize_out(out, result.shape)
-    ob = buffer_of(out)
-    if (result.dtype == out.dtype and result.storage_offset() == 0 and result.is_contiguous()
-            and covers(out, ob) and result.untyped_storage().nbytes() == ob.nbytes):
-        ob.adopt_device(result)
-    else:
-        ob.device_write(whole=covers(out, ob))
-        ob.device_alias(out).copy_(result)
     return out
 
 
@@ -161,7 +88,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
         t0 = _perf_ns()
         try:
             if fast:
-                res = _deliver_host(body(*_host_args(args), **kwargs), out, index)
+                res = results.deliver_host(body(*_host_args(args), **kwargs), out, index)
             else:
                 full = dict(kwargs)
                 if out is not None and mode == "out":
@@ -208,7 +135,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
         if empty:
             # empty tensors are handled on the host; nothing reaches the device
             if custom is not None:
-                return _deliver_host(body(*_host_args(args), **kwargs), out, index)
+                return results.deliver_host(body(*_host_args(args), **kwargs), out, index)
             full = dict(kwargs)
             if out is not None and mode == "out":
                 full[out_name] = out
@@ -251,7 +178,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
             if result is a:     # the program returned an operand's device memory (see
                 result = result.clone()     # device_input): the output needs its own
                 break
-        return _deliver_device(result, out, index)
+        return results.deliver_device(result, out, index)
 
     kernel.__name__ = "rbln_" + registered_name.replace(".", "_")
     return kernel
