@@ -29,12 +29,12 @@ class _Guard(torch._C._acc.DeviceGuard):
 
 def setup() -> None:
     from . import api, log
-    from .dispatch import (checks, composites, copy, data_movement, device_op, factories,
-                           fallback, views)
+    from .dispatch import (composites, copy, data_movement, device_op, factories, fallback,
+                           rules, views)
     from .runtime import compiler
 
     log.setup()
-    checks.configure()
+    rules.configure()
     fallback.configure()
     _setup_privateuseone_for_python_backend("rbln", backend_module=api, hook=_Hooks(),
                                             device_guard=_Guard())

@@ -36,25 +36,10 @@ import torch
 
 from .. import config
 from ..runtime.storage import buffer_of
+from . import rules
 from .copy import covers
 
 _log = logging.getLogger("torch_rbln")
-
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-           "int32": torch.int32, "int64": torch.int64, "int16": torch.int16, "int8": torch.int8,
-           "uint8": torch.uint8, "bool": torch.bool}
-
-DISPATCH_DTYPES: frozenset = frozenset()
-STRICT_DTYPES: frozenset = frozenset()
-
-
-def configure() -> None:
-    """Snapshot the dtype catalog (TORCH_RBLN_DISPATCH_DTYPES / _STRICT are read at import)."""
-    global DISPATCH_DTYPES, STRICT_DTYPES
-    DISPATCH_DTYPES = frozenset({torch.float16, torch.bfloat16} |
-                                {_DTYPES[n] for n in config.latched("TORCH_RBLN_DISPATCH_DTYPES")})
-    STRICT_DTYPES = frozenset(_DTYPES[n] for n in config.latched("TORCH_RBLN_DISPATCH_STRICT"))
-
 
 # per-thread count of device programs running (drives the ``reentrant`` check); the kernel
 # in device_op.py raises and restores it around each program
@@ -141,7 +126,7 @@ def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwa
         return "dispatch-mode"
     if dtype_tensors:
         d0 = dtype_tensors[0].dtype
-        if d0 not in DISPATCH_DTYPES:
+        if d0 not in rules.DISPATCH_DTYPES:
             return "dtype-not-fp16"
         for t in dtype_tensors:
             if t.dtype is not d0:
@@ -152,7 +137,7 @@ def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwa
     for t in tensors:
         if t.dim():
             scalar_only = False
-            if align and t.size(-1) % 64 and t.dtype not in STRICT_DTYPES:
+            if align and t.size(-1) % 64 and t.dtype not in rules.STRICT_DTYPES:
                 unaligned = True
         if t.storage_offset() and t.is_contiguous():
             offset = True
@@ -183,7 +168,7 @@ def _check_slow(entry, tensors, dtype_tensors, scalars, op_args, kwargs, off) ->
         return "dispatch-mode"
     if "dtype" not in off and dtype_tensors:
         d0 = dtype_tensors[0].dtype
-        if d0 not in DISPATCH_DTYPES or any(t.dtype is not d0 for t in dtype_tensors):
+        if d0 not in rules.DISPATCH_DTYPES or any(t.dtype is not d0 for t in dtype_tensors):
             return "dtype-not-fp16"
     if "scalar" not in off and all(t.dim() == 0 for t in tensors):
         return "all-scalar inputs"
@@ -201,7 +186,7 @@ def _check_slow(entry, tensors, dtype_tensors, scalars, op_args, kwargs, off) ->
 def _perf_rules(entry, direct, op_args, kwargs) -> str | None:
     if entry.align64:
         for t in direct:
-            if t.dim() and t.shape[-1] % 64 and t.dtype not in STRICT_DTYPES:
+            if t.dim() and t.shape[-1] % 64 and t.dtype not in rules.STRICT_DTYPES:
                 return "last-dim-not-64-aligned"
     return _div_rule(entry, direct, kwargs)
 

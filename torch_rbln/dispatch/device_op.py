@@ -19,7 +19,7 @@ import torch
 from .. import config, events
 from ..runtime import compiler, devices, executors
 from ..runtime.storage import buffer_of
-from . import checks, fallback, results
+from . import checks, fallback, results, rules
 from .optable import OpEntry
 
 _record = events.record
@@ -77,7 +77,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
     slots = entry.operands or tuple(
         i for i, a in enumerate(registered._schema.arguments) if not a.kwarg_only
         and "Tensor" in str(a.type) and "[]" not in str(a.type))
-    gate = GATES.get(entry.name)
+    gate = rules.GATES.get(entry.name)
     fast = entry.fast_path or custom is not None         # custom programs run on host views too
 
     def build(out_meta):
@@ -182,61 +182,6 @@ def make_kernel(entry: OpEntry, registered_name: str):
 
     kernel.__name__ = "rbln_" + registered_name.replace(".", "_")
     return kernel
-
-
-# -------------------------------------------------------------------------------------------
-# op-specific gates, evaluated before the generic checks (the reference's kernel-level checks)
-
-_SDPA_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def sdpa_unsupported(q, k, v, attn_bias) -> str | None:
-    """Why the device attention kernel cannot take these inputs (``can_use_rbln_sdpa``)."""
-    if q.dim() < 3:
-        return "dim < 3 not supported"
-    if q.dim() > 4:
-        return "dim > 4 not supported"
-    if q.is_nested:
-        return "nested tensors not supported"
-    if q.dtype not in _SDPA_DTYPES:
-        return f"dtype {q.dtype} not supported"
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        return "q/k/v dtypes differ"
-    if q.shape[-3] % k.shape[-3] or k.shape[-3] != v.shape[-3]:
-        return "GQA head counts not divisible"
-    if q.numel() == 0 or k.numel() == 0:
-        return "empty input"
-    if attn_bias is not None and attn_bias.dim() not in (2, 3, 4):
-        return f"mask dim {attn_bias.dim()} not supported"
-    if q.shape[-1] % 32:
-        return f"head_dim {q.shape[-1]} not aligned to 32"
-    if q.shape[-2] % 32:
-        return f"query sequence length {q.shape[-2]} not aligned to 32"
-    if k.shape[-2] % 32:
-        return f"key sequence length {k.shape[-2]} not aligned to 32"
-    return None
-
-
-def _sdpa_gate(args, kwargs):
-    q, k, v = args[:3]
-    bias = args[3] if len(args) > 3 else kwargs.get("attn_bias")
-    dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-    if dropout and torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, bias)):
-        raise NotImplementedError("RBLN SDPA does not support dropout_p > 0 with autograd")
-    why = sdpa_unsupported(q, k, v, bias)
-    return None if why is None else f"sdpa: {why}"
-
-
-def _sdpa_backward_gate(args, kwargs):
-    why = sdpa_unsupported(args[1], args[2], args[3], args[4])
-    return None if why is None else f"sdpa_backward: {why}"
-
-
-GATES = {
-    "_scaled_dot_product_fused_attention_overrideable": _sdpa_gate,
-    "_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward_gate,
-}
 
 
 def kernels() -> dict:

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from ..dispatch import checks
-from ..dispatch.device_op import GATES
+from ..dispatch import rules
 from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry
 from ..runtime import executors
 
@@ -98,7 +97,7 @@ def _is_factory(op: torch._ops.OpOverload) -> bool:
 
 def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
     """The eager pre-dispatch checks a graph can decide; the reason code or None."""
-    gate = GATES.get(entry.name)
+    gate = rules.GATES.get(entry.name)
     if gate is not None:
         args = torch.fx.node.map_aggregate(node.args, _val)
         kwargs = torch.fx.node.map_aggregate(node.kwargs, _val)
@@ -114,13 +113,13 @@ def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
             dtype_tensors.append(v)
     if dtype_tensors:
         d0 = dtype_tensors[0].dtype
-        if d0 not in checks.DISPATCH_DTYPES or any(t.dtype is not d0 for t in dtype_tensors):
+        if d0 not in rules.DISPATCH_DTYPES or any(t.dtype is not d0 for t in dtype_tensors):
             return "dtype-not-fp16"
     if tensors and all(t.dim() == 0 for t in tensors):
         return "all-scalar inputs"
     if entry.align64:
         for t in tensors:
-            if t.dim() and not _aligned(t.shape[-1]) and t.dtype not in checks.STRICT_DTYPES:
+            if t.dim() and not _aligned(t.shape[-1]) and t.dtype not in rules.STRICT_DTYPES:
                 return "last-dim-not-64-aligned"
     if entry.name == "div.out_mode" and node.kwargs.get("rounding_mode") in ("trunc", "floor"):
         if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors):
