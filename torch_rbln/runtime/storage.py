@@ -27,7 +27,6 @@ while any tensor uses it); its ``__del__`` returns the device block and the host
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 
 import torch
@@ -273,15 +272,8 @@ def storage_nbytes(size, stride, itemsize: int) -> int:
     return n * itemsize
 
 
-_ENV = getattr(os.environ, "_data", None)
-_EAGER_KEY = b"TORCH_RBLN_EAGER_MALLOC"
-
-
 def _eager_malloc() -> bool:
-    """TORCH_RBLN_EAGER_MALLOC, read at every allocation; while it is unset (the common case)
-    that costs one lookup in the environment's own mapping."""
-    if _ENV is not None and _EAGER_KEY not in _ENV:
-        return False
+    """TORCH_RBLN_EAGER_MALLOC, read at every allocation."""
     return config.live("TORCH_RBLN_EAGER_MALLOC")
 
 
