@@ -26,7 +26,7 @@ _record = events.record
 _perf_ns = time.perf_counter_ns
 _Tensor = torch.Tensor
 _lookup = compiler._cache.get
-_tls = checks._tls
+_tls = rules.running
 
 
 def _sig(v, ids: dict):
@@ -73,10 +73,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
     body = custom if custom is not None else fn          # what the compiler lowers
     kernel_form = entry.kernel
     skip = entry.skip_dtype
-    # positional slots that hold tensors (the schema's Tensor / Tensor? arguments)
-    slots = entry.operands or tuple(
-        i for i, a in enumerate(registered._schema.arguments) if not a.kwarg_only
-        and "Tensor" in str(a.type) and "[]" not in str(a.type))
+    slots = rules.tensor_slots(entry, registered)
     gate = rules.GATES.get(entry.name)
     fast = entry.fast_path or custom is not None         # custom programs run on host views too
 
@@ -106,6 +103,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
             out = args[0]
         else:
             out = None
+        # rules.classify, inlined together with the device index and the empty-tensor check
         tensors, dtype_tensors, scalars = [], [], []
         index = None
         empty = False

@@ -79,15 +79,12 @@ def _val(a):
     return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
 
 
-def _tensor_args(node: torch.fx.Node, operands: tuple = ()):
-    """(position, fake value) of the tensors passed directly as positional arguments (only
-    those at ``operands`` when given)."""
-    for i, a in enumerate(node.args):
-        if operands and i not in operands:
-            continue
+def _tensor_args(node: torch.fx.Node):
+    """The traced values of the tensors passed directly as positional arguments."""
+    for a in node.args:
         v = _val(a)
         if isinstance(v, torch.Tensor):
-            yield i, v
+            yield v
 
 
 def _is_factory(op: torch._ops.OpOverload) -> bool:
@@ -96,47 +93,14 @@ def _is_factory(op: torch._ops.OpOverload) -> bool:
 
 
 def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
-    """The eager pre-dispatch checks a graph can decide; the reason code or None."""
-    gate = rules.GATES.get(entry.name)
-    if gate is not None:
-        args = torch.fx.node.map_aggregate(node.args, _val)
-        kwargs = torch.fx.node.map_aggregate(node.kwargs, _val)
-        reason = gate(args, kwargs)
-        if reason is not None:
-            return reason
-    tensors, dtype_tensors = [], []
-    for i, v in _tensor_args(node, entry.operands):
-        if v.device.type != "rbln" and v.dim() == 0:
-            continue                      # a CPU 0-dim tensor is a scalar operand
-        tensors.append(v)
-        if i not in entry.skip_dtype:
-            dtype_tensors.append(v)
-    if dtype_tensors:
-        d0 = dtype_tensors[0].dtype
-        if d0 not in rules.DISPATCH_DTYPES or any(t.dtype is not d0 for t in dtype_tensors):
-            return "dtype-not-fp16"
-    if tensors and all(t.dim() == 0 for t in tensors):
-        return "all-scalar inputs"
-    if entry.align64:
-        for t in tensors:
-            if t.dim() and not _aligned(t.shape[-1]) and t.dtype not in rules.STRICT_DTYPES:
-                return "last-dim-not-64-aligned"
-    if entry.name == "div.out_mode" and node.kwargs.get("rounding_mode") in ("trunc", "floor"):
-        if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors):
-            return "div-rounding-fp16"
-    return None
-
-
-def _aligned(extent) -> bool:
-    # A dynamic extent (dynamic=True) is served by the device program whatever it becomes: the
-    # rule is a performance rule, and deciding it would specialise the graph on the extent.
-    if isinstance(extent, torch.SymInt):
-        return True
-    return extent % 64 == 0
+    """The eager rules a graph can decide (``rules.GRAPH_RULES``); the reason code or None."""
+    args = torch.fx.node.map_aggregate(node.args, _val)
+    kwargs = torch.fx.node.map_aggregate(node.kwargs, _val)
+    return rules.graph_reason(entry, node.target, args, kwargs)
 
 
 def _touches_rbln(node: torch.fx.Node) -> bool:
-    vals = [v for _, v in _tensor_args(node)]
+    vals = list(_tensor_args(node))
     out = node.meta.get("val")
     vals.extend(out if isinstance(out, (tuple, list)) else (out,))
     return any(isinstance(v, torch.Tensor) and v.device.type == "rbln" for v in vals)
