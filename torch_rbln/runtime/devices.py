@@ -15,11 +15,14 @@ machine where ``import torch`` fails.
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from dataclasses import dataclass
 
 from .. import config
+
+_log = logging.getLogger("torch_rbln")
 
 # Emulated NPU models: name -> (memory per NPU in bytes, chiplets per NPU)
 NPU_MODELS = {
@@ -153,8 +156,8 @@ def commit() -> Plan:
                 warnings.warn(f"{len(p.unused)} physical NPU(s) are unused due to grouping "
                               f"constraints: {list(p.unused)}", stacklevel=3)
             _committed = p
-            from .. import log
-            log.on_mapping_committed(p)
+            if _log.isEnabledFor(logging.DEBUG):
+                _log.debug("Device configuration complete:\n%s", summary_text(p))
         return _committed
 
 
