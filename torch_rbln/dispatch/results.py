@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from ..log import user_stacklevel
+from .. import user_frames
 from ..runtime.storage import buffer_of, new_device_tensor, wrap_host
 from . import factories
 from .copy import covers
@@ -50,7 +50,7 @@ def resize_out(out, shape) -> None:
             f"This behavior is deprecated, and in a future PyTorch release outputs will not be "
             f"resized unless they have zero elements. You can explicitly reuse an out tensor t "
             f"by resizing it, inplace, to zero elements with t.resize_(0).", UserWarning,
-            stacklevel=user_stacklevel())
+            stacklevel=user_frames.stacklevel())
     factories.resize_(out, shape)
 
 
