@@ -177,7 +177,7 @@ def handshake(at_import: bool = False, torch_module=None) -> Result:
 
 
 def mismatch_message(res: Result) -> str:
-    from . import __version__
+    from .version import __version__
     torch = sys.modules.get("torch")
     where = getattr(torch, "__file__", None) or "?"
     lo, hi = res.window or (None, None)
