@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
@@ -88,12 +87,9 @@ def reset_accumulated_memory_stats(device=None) -> None:
 def empty_cache(device=None) -> None:
     """Release cached device blocks and drop the compiled-program caches: everything the user
     is not holding."""
-    from .runtime import compiler
+    from .runtime import caches
     from .runtime.storage import host_pool
-    compiler.clear_cache()
-    graph = sys.modules.get("torch_rbln.graph.backend")   # loaded by the first torch.compile
-    if graph is not None:
-        graph.drop_all()
+    caches.drop_all()
     host_pool.clear()
     if devices.count() == 0:
         return

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from .. import events
-from ..runtime import devices
+from ..runtime import caches, devices
 from . import programs, split
 from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels
 from .runners import DevicePartition, HostPartition, Results
@@ -40,6 +40,7 @@ _OPTIONS = ("npu", "devices", "num_devices", "tensor_parallel_size", "mode", "ca
 _live: "weakref.WeakSet[GraphProgram]" = weakref.WeakSet()
 
 
+@caches.register
 def drop_all() -> None:
     """Drop the compiled device programs of every graph; each recompiles on its next call."""
     for g in list(_live):

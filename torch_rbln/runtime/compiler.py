@@ -26,6 +26,7 @@ from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import events
+from . import caches
 
 _record = events.record
 
@@ -87,6 +88,7 @@ def lookup(key):
     return _cache.get(key)
 
 
+@caches.register
 def clear_cache() -> None:
     with _lock:
         _cache.clear()
