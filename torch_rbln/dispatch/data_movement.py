@@ -65,7 +65,7 @@ def _host(t):
     return b.host_alias(t)
 
 
-def _run(name, compute, sources, out, index, primitive="v2v_multi"):
+def _run(compute, sources, out, index, primitive="v2v_multi"):
     """``compute(view)`` on the side the sources' data is, delivered into ``out`` (or new)."""
     for t in sources:
         if _rbln(t) and t.device.index != index:
@@ -114,7 +114,7 @@ def _cat(ts, dim, out, dtype):
         op = torch.ops.aten.cat.out if out is not None else torch.ops.aten.cat.default
         return _strided_fallback(op, (ts, dim), {"out": out} if out is not None else {}, why,
                                  _nbytes(ts))
-    return _run("cat", lambda v: torch.cat([v(t) for t in ts], dim), srcs, out,
+    return _run(lambda v: torch.cat([v(t) for t in ts], dim), srcs, out,
                 _index(ts, out))
 
 
@@ -134,12 +134,12 @@ def index_select_out(self, dim, index, *, out):
     if not _rbln(self):
         return fallback.run_on_cpu(torch.ops.aten.index_select.out, (self, dim, index),
                                    {"out": out})
-    return _run("index_select", lambda v: torch.index_select(v(self), dim, v(index)),
+    return _run(lambda v: torch.index_select(v(self), dim, v(index)),
                 [self], out, self.device.index)
 
 
 def index_select(self, dim, index):
-    return _run("index_select", lambda v: torch.index_select(v(self), dim, v(index)),
+    return _run(lambda v: torch.index_select(v(self), dim, v(index)),
                 [self], None, self.device.index)
 
 
@@ -147,7 +147,7 @@ def index_copy_out(self, dim, index, source, *, out):
     if not (_rbln(self) and _rbln(source)) or source.dtype != self.dtype:
         return _strided_fallback(torch.ops.aten.index_copy.out, (self, dim, index, source),
                                  {"out": out}, "source dtype differs from self", _nbytes([source]))
-    return _run("index_copy", lambda v: torch.index_copy(v(self), dim, v(index), v(source)),
+    return _run(lambda v: torch.index_copy(v(self), dim, v(index), v(source)),
                 [self, source], out, self.device.index)
 
 
@@ -156,13 +156,12 @@ def index_copy_(self, dim, index, source):
 
 
 def repeat_interleave_tensor(repeats, *, output_size=None):
-    return _run("repeat_interleave",
-                lambda v: torch.repeat_interleave(v(repeats), output_size=output_size),
+    return _run(lambda v: torch.repeat_interleave(v(repeats), output_size=output_size),
                 [repeats], None, repeats.device.index)
 
 
 def arange_start_out(start, end, step=1, *, out):
-    return _run("arange", lambda v: torch.arange(start, end, step, dtype=out.dtype),
+    return _run(lambda v: torch.arange(start, end, step, dtype=out.dtype),
                 [out], out, out.device.index, primitive="v2v")
 
 
@@ -171,7 +170,7 @@ def clone(self, *, memory_format=None):
     if self.numel() == 0:
         return factories.empty_strided(self.shape, self.stride(), dtype=self.dtype,
                                        device=self.device)
-    return _run("clone", lambda v: v(self).clone(memory_format=mf), [self], None,
+    return _run(lambda v: v(self).clone(memory_format=mf), [self], None,
                 self.device.index, primitive="v2v")
 
 

@@ -142,14 +142,3 @@ HOST_OPS = (
     "native_batch_norm", "logit_backward.grad_input", "sigmoid_backward.grad_input",
     "tanh_backward.grad_input", "unfold_backward", "native_dropout_backward",
 )
-
-# Ops without a device kernel that the reference leaves to the boxed catch-all (no explicit
-# registration): they run on the host and are logged as such.
-CATCH_ALL_HOST_OPS = frozenset({"cos", "sin", "exp"})
-
-
-def runs_on_host(op_name: str) -> bool:
-    """Whether the op table says ``aten::<op>`` (any overload) runs on the host."""
-    packet = op_name.removeprefix("aten::").split(".", 1)[0]
-    return packet in CATCH_ALL_HOST_OPS or any(n.split(".", 1)[0] == packet for n in HOST_OPS)
-

@@ -84,10 +84,6 @@ _cache: dict = {}
 _lock = threading.Lock()
 
 
-def lookup(key):
-    return _cache.get(key)
-
-
 @caches.register
 def clear_cache() -> None:
     with _lock:

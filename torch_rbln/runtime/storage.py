@@ -35,7 +35,6 @@ from .. import config, events
 from . import devices
 
 HOST, DEVICE, SYNCED = 0, 1, 2
-STATE_NAMES = {HOST: "host-latest", DEVICE: "device-latest", SYNCED: "synced"}
 
 CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _CPU = torch.device("cpu")
