@@ -33,6 +33,7 @@ from .runners import DevicePartition, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
 
+# the reference's options; `npu`, `cache_dir` and `disable_logger` change nothing here
 _OPTIONS = ("npu", "devices", "num_devices", "tensor_parallel_size", "mode", "cache_dir",
             "disable_logger")
 
@@ -81,11 +82,20 @@ class GraphProgram:
         return self.outer(*args)
 
 
-def _check_options(options: dict | None) -> dict:
+def _check_options(options: dict | None, mode: str | None = None) -> dict:
+    """The reference's options; ``mode`` (in ``options``, or torch.compile's own ``mode=``
+    set to ``"compile_only"``) asks for a compile-only run, which is refused: graphs here
+    compile at their first call and run. torch.compile's other modes have no effect."""
     options = dict(options or {})
     unknown = sorted(k for k in options if k not in _OPTIONS)
     if unknown:
         raise TypeError(f"unknown rbln options {unknown}")
+    asked = options.get("mode") or (mode if mode == "compile_only" else None)
+    if asked:
+        raise NotImplementedError(
+            f"rbln mode {asked!r} is not supported: the virtual NPU has no compile-only mode "
+            f"(compiling into the cache without running); a graph compiles at its first call. "
+            f"Remove 'mode' from the options, and call the compiled function to compile it.")
     n = options.get("devices", options.get("num_devices", options.get("tensor_parallel_size", 1)))
     if n != 1:
         raise NotImplementedError(f"a graph over {n} devices; torch-rbln runs graphs on one device")
@@ -200,7 +210,7 @@ def rbln_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
     """Dynamo backend: compile ``gm`` for the rbln device (inference and training)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    _check_options(options)
+    _check_options(options, mode)
     cid = torch._guards.CompileContext.current_compile_id()
     name = str(cid) if cid is not None else ""
     device = _target_device(example_inputs)
