@@ -75,7 +75,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
     skip = entry.skip_dtype
     slots = rules.tensor_slots(entry, registered)
     gate = rules.GATES.get(entry.name)
-    fast = entry.fast_path or custom is not None         # custom programs run on host views too
+    fast = bool(entry.fast_path) or custom is not None         # custom programs run on host views too
 
     def build(out_meta):
         return executors.build(kernel_form, fn, out_meta)

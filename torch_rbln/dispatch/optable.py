@@ -15,8 +15,10 @@ Fields of :class:`OpEntry`:
   still reported under ``name``)
 * ``align64``    the 64-alignment rule applies to directly passed tensors
 * ``skip_dtype`` positional indices excluded from the dtype check (``where``'s condition)
-* ``fast_path``  a fallback of this op runs through a host fast-path handler (explain lists
-  fallback ops *without* one as optimization candidates)
+* ``fast_path``  the reference's CPU fast-path handler this op reproduces (``fast_paths/*.cpp``
+  there: int elementwise, fp32 last-dim mean, fp32 square-pow, fp32 rsqrt), or ``""``. A
+  fallback of such an op computes on the host views directly, and explain does not list it
+  among the optimization candidates (fallback ops without a handler)
 * ``kernel``     the executor form (``runtime/executors.py``): ``"direct"`` (the functional op on
   device memory; its CPU kernel already accumulates in fp32 and rounds once), ``"fp32"``
   (inputs widened to fp32, one rounding at the end), or the name of a custom kernel
@@ -38,7 +40,7 @@ class OpEntry:
     aliases: tuple = ()
     align64: bool = True
     skip_dtype: tuple = ()
-    fast_path: bool = False
+    fast_path: str = ""
     kernel: str = "direct"
     operands: tuple = ()
     autograd: str = ""
@@ -60,15 +62,16 @@ def _compare(c, k):
 
 DEVICE_OPS: tuple[OpEntry, ...] = (
     # elementwise binary (broadcasting); `alpha` and scalar operands are baked into the program
-    _binary("add"), _binary("sub"), _binary("mul", fast_path=True), _binary("div"),
+    _binary("add"), _binary("sub"), _binary("mul", fast_path="int elementwise"), _binary("div"),
     OpEntry("div.out_mode", "div.Tensor_mode", aliases=("div.Tensor_mode",),
             notes="fp16/bf16 with rounding_mode trunc/floor -> CPU"),
     OpEntry("maximum.out", "maximum.default", aliases=("maximum",)),
     OpEntry("minimum.out", "minimum.default", aliases=("minimum",)),
     OpEntry("pow.Tensor_Scalar_out", "pow.Tensor_Scalar", aliases=("pow.Tensor_Scalar",),
-            fast_path=True, notes="integer and +-0.5 exponents; others: compile_error"),
+            fast_path="fp32 square-pow",
+            notes="integer and +-0.5 exponents; others: compile_error"),
     # unary
-    _unary("abs"), _unary("neg"), _unary("rsqrt", fast_path=True), _unary("log"),
+    _unary("abs"), _unary("neg"), _unary("rsqrt", fast_path="fp32 rsqrt"), _unary("log"),
     _unary("ceil"), _unary("floor"), _unary("silu"), _unary("sigmoid"),
     OpEntry("clamp.out", "clamp.default", aliases=("clamp",),
             notes="scalar bounds only (clamp.Tensor_out runs on the host)"),
@@ -76,7 +79,7 @@ DEVICE_OPS: tuple[OpEntry, ...] = (
     # comparisons (bool outputs)
     *(_compare(c, k) for c in ("eq", "ne", "gt", "ge", "lt", "le") for k in ("Tensor", "Scalar")),
     # reductions
-    OpEntry("mean.out", "mean.dim", aliases=("mean.dim",), fast_path=True),
+    OpEntry("mean.out", "mean.dim", aliases=("mean.dim",), fast_path="fp32 last-dim mean"),
     OpEntry("max.unary_out", "max.default"), OpEntry("min.unary_out", "min.default"),
     OpEntry("max", "max.default", out="functional"),
     OpEntry("min", "min.default", out="functional"),
