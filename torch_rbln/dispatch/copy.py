@@ -26,14 +26,9 @@ import torch
 from .. import events
 from ..runtime.storage import DEVICE, HOST, SYNCED, buffer_of
 from . import factories
+from .layout import spans_storage
 
 _record = events.record
-
-
-def covers(t: torch.Tensor, buf) -> bool:
-    """``t`` is contiguous and spans its whole storage (a write to it overwrites everything)."""
-    return (t.storage_offset() == 0 and t.is_contiguous()
-            and t.numel() * t.element_size() == buf.nbytes)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -46,7 +41,7 @@ def _h2d(src: torch.Tensor, dst: torch.Tensor) -> None:
         _record("bounce", "copy_h2d_staging", _nbytes(src))
     if not dst.is_contiguous():
         _record("bounce", "copy_h2d_noncontig_dst", _nbytes(dst))
-    buf.host_write(whole=covers(dst, buf))
+    buf.host_write(whole=spans_storage(dst, buf.nbytes))
     buf.host_alias(dst).copy_(src)
 
 
@@ -65,7 +60,7 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
         state = sb.state
         if state == DEVICE:
             t0 = time.perf_counter_ns()
-            db.device_write(whole=covers(dst, db))
+            db.device_write(whole=spans_storage(dst, db.nbytes))
             db.device_alias(dst).copy_(sb.device_alias(src))
             _record("runtime", "v2v", time.perf_counter_ns() - t0)
             return
@@ -73,7 +68,7 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
         _record("v2v_slow", "src_synced_host_served" if state == SYNCED else "src_not_on_device", nbytes)
         if state == HOST:
             _record("v2v_reject", "src_not_on_device", nbytes)
-        db.host_write(whole=covers(dst, db))
+        db.host_write(whole=spans_storage(dst, db.nbytes))
         db.host_alias(dst).copy_(sb.host_alias(src))
         return
     # non-direct: dtype conversion, broadcast, strided or cross-device copy through the host
@@ -82,7 +77,7 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
     src_cpu = sb.host_alias(src)
     if sb is db:
         src_cpu = src_cpu.clone()   # overlapping source and destination
-    db.host_write(whole=covers(dst, db))
+    db.host_write(whole=spans_storage(dst, db.nbytes))
     db.host_alias(dst).copy_(src_cpu)
 
 

@@ -25,7 +25,7 @@ from .. import config, events
 from ..runtime import devices
 from ..runtime.storage import DEVICE, HOST, buffer_of
 from . import factories, fallback, results
-from .copy import covers
+from .layout import spans_storage
 
 _record = events.record
 _perf_ns = time.perf_counter_ns
@@ -179,7 +179,7 @@ def _fill(self, value):
     if self.numel() == 0:
         return self
     buf = buffer_of(self)
-    whole = covers(self, buf)
+    whole = spans_storage(self, buf.nbytes)
     if buf.state == DEVICE:
         buf.device_write(whole=whole)
         buf.device_alias(self).fill_(value)

@@ -15,25 +15,15 @@ import torch
 from .. import user_frames
 from ..runtime.storage import buffer_of, new_device_tensor, wrap_host
 from . import factories
-from .copy import covers
+from .layout import spans_storage
 
 _Tensor = torch.Tensor
-
-
-def owned_nbytes(x: torch.Tensor) -> int | None:
-    """The size of ``x``'s storage if ``x`` spans exactly all of it (dense, offset 0, so it
-    can become a buffer as is), else None."""
-    n = x.untyped_storage().nbytes()
-    if (x.storage_offset() == 0 and n == x.numel() * x.itemsize
-            and (x.is_contiguous() or 0 not in x.stride())):
-        return n
-    return None
 
 
 def wrap_result(x, index):
     """A fresh CPU result (host memory) as an rbln tensor, host-latest, no copy."""
     if isinstance(x, _Tensor):
-        if owned_nbytes(x) is None:
+        if not spans_storage(x):
             x = x.clone(memory_format=torch.contiguous_format)
         return wrap_host(x, index)
     if isinstance(x, (list, tuple)):
@@ -61,7 +51,7 @@ def deliver_host(result, out, index):
     if out.shape != result.shape:
         resize_out(out, result.shape)
     ob = buffer_of(out)
-    ob.host_write(whole=covers(out, ob))
+    ob.host_write(whole=spans_storage(out, ob.nbytes))
     ob.host_alias(out).copy_(result)
     return out
 
@@ -70,22 +60,21 @@ def deliver_device(result, out, index: int):
     """Make ``result`` (computed in device memory) the data of ``out`` or of a new rbln tensor."""
     if out is None:
         if isinstance(result, _Tensor):
-            # a fresh kernel output owns its storage (dense, offset 0); anything else is copied
-            nbytes = owned_nbytes(result) if result._base is None else None
-            if nbytes is None:
+            # a fresh kernel output spans its storage; anything else is copied
+            if result._base is not None or not spans_storage(result):
                 result = result.clone(memory_format=torch.contiguous_format)
-                nbytes = result.numel() * result.itemsize
-            return new_device_tensor(result, nbytes, index)
+            return new_device_tensor(result, result.numel() * result.itemsize, index)
         if isinstance(result, (list, tuple)):
             return type(result)(deliver_device(r, None, index) for r in result)
         return result
     if out.shape != result.shape:
         resize_out(out, result.shape)
     ob = buffer_of(out)
-    if (result.dtype == out.dtype and result.storage_offset() == 0 and result.is_contiguous()
-            and covers(out, ob) and result.untyped_storage().nbytes() == ob.nbytes):
-        ob.adopt_device(result)
+    whole = spans_storage(out, ob.nbytes)
+    if (whole and result.dtype == out.dtype and result.stride() == out.stride()
+            and spans_storage(result)):
+        ob.adopt_device(result)      # the result's memory is laid out as out's storage
     else:
-        ob.device_write(whole=covers(out, ob))
+        ob.device_write(whole=whole)
         ob.device_alias(out).copy_(result)
     return out

@@ -24,7 +24,7 @@ import torch
 
 from .. import config
 from ..runtime.storage import buffer_of
-from .copy import covers
+from .layout import spans_storage
 from .optable import OpEntry
 
 _log = logging.getLogger("torch_rbln")
@@ -127,7 +127,7 @@ def has_nonfinite(t: torch.Tensor) -> bool:
     if buf.scanned is t.dtype:
         return False
     buf.host_read()
-    whole = covers(t, buf)
+    whole = spans_storage(t, buf.nbytes)
     h = buf._flat(buf.host, buf._hflat, t.dtype)[: buf.nbytes // t.itemsize] if whole \
         else buf.host_alias(t)
     bad = not _isfinite(h.sum(dtype=acc).item())
