@@ -20,7 +20,7 @@ from .. import config, events
 from ..runtime import compiler, devices, executors
 from ..runtime.storage import buffer_of
 from . import checks, fallback, results, rules
-from .optable import OpEntry
+from .optable import OpEntry, overload
 
 _record = events.record
 _perf_ns = time.perf_counter_ns
@@ -55,16 +55,11 @@ def _host_args(args):
     return out
 
 
-def _resolve(name: str) -> torch._ops.OpOverload:
-    packet, _, ov = name.partition(".")
-    return getattr(getattr(torch.ops.aten, packet), ov or "default")
-
-
 def make_kernel(entry: OpEntry, registered_name: str):
     """The PrivateUse1 kernel of ``registered_name`` (the entry's own overload or an alias)."""
     op_name = "aten::" + entry.name
-    registered = _resolve(registered_name)
-    fn = _resolve(entry.fn)
+    registered = overload(registered_name)
+    fn = overload(entry.fn)
     mode = entry.out if registered_name == entry.name else "functional"
     # the kwarg-only output (`out`, or `grad_input` for backward kernels)
     out_name = next((a.name for a in registered._schema.arguments if a.kwarg_only and a.alias_info

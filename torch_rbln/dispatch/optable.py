@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class OpEntry:
@@ -45,6 +47,12 @@ class OpEntry:
     operands: tuple = ()
     autograd: str = ""
     notes: str = ""
+
+
+def overload(name: str) -> torch._ops.OpOverload:
+    """The aten overload a name of this table means: ``"add.out"``, or ``"mm"`` (the default)."""
+    packet, _, ov = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), ov or "default")
 
 
 def _binary(n, **kw):

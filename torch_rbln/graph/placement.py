@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from ..dispatch import rules
-from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry
+from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry, overload
 from ..runtime import executors
 
 NO_KERNEL = "no-device-kernel"
@@ -48,18 +48,13 @@ class Placement:
 FREE = Placement("free")
 
 
-def _overload(name: str):
-    packet, _, ov = name.partition(".")
-    return getattr(getattr(aten, packet), ov or "default")
-
-
 def _entries_by_fn() -> dict:
     """traced overload -> op-table entry: the functional form and the aliases of each entry,
     preferring the entry registered under the overload's own name."""
     table: dict = {}
     for e in DEVICE_OPS:
         for name in (e.fn, *e.aliases):
-            fn = _overload(name)
+            fn = overload(name)
             if fn not in table or e.name == name:
                 table[fn] = e
         packet, _, ov = e.fn.partition(".")
@@ -72,7 +67,7 @@ def _entries_by_fn() -> dict:
 
 _BY_FN = _entries_by_fn()
 # data movement the device's copy engine runs natively, any dtype, no checks
-_NATIVE = frozenset(_overload(n).overloadpacket for n in NATIVE_OPS)
+_NATIVE = frozenset(overload(n).overloadpacket for n in NATIVE_OPS)
 
 
 def _val(a):
