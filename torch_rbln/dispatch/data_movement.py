@@ -49,20 +49,25 @@ def _on_device(tensors) -> bool:
     return False
 
 
-def _dev(t):
+def _view(t, on_device: bool):
+    """``t`` as a CPU tensor over its device buffer (pushed first if host-latest) or over its
+    host view (pulled first if device-latest); anything but an rbln tensor as it is."""
     if not _rbln(t):
         return t
     b = buffer_of(t)
-    b.device_read()
-    return b.device_input(t)
+    if on_device:
+        b.device_read()
+        return b.device_input(t)
+    b.host_read()
+    return b.host_alias(t)
+
+
+def _dev(t):
+    return _view(t, True)
 
 
 def _host(t):
-    if not _rbln(t):
-        return t
-    b = buffer_of(t)
-    b.host_read()
-    return b.host_alias(t)
+    return _view(t, False)
 
 
 def _run(compute, sources, out, index, primitive="v2v_multi"):

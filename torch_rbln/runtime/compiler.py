@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch._decomp import decomposition_table
@@ -59,6 +61,7 @@ NPU_PRIMITIVES = frozenset({
 _POW_EXPONENTS = frozenset({-2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 3.0, 4.0})
 
 
+@dataclass(slots=True, eq=False)
 class Program:
     """A compiled op instance.
 
@@ -66,15 +69,12 @@ class Program:
     numerics and returns the result; ``out_meta`` describes that result (shape, dtype, stride
     per output) as the trace fixed it."""
 
-    __slots__ = ("op", "key", "primitives", "out_meta", "run", "compile_ns")
-
-    def __init__(self, op: str, key, primitives: tuple, out_meta, run, compile_ns: int = 0):
-        self.op = op
-        self.key = key
-        self.primitives = primitives
-        self.out_meta = out_meta
-        self.run = run
-        self.compile_ns = compile_ns
+    op: str
+    key: Any
+    primitives: tuple
+    out_meta: Any
+    run: Callable
+    compile_ns: int = 0
 
     def __repr__(self):
         return f"Program({self.op}, prims={list(self.primitives)})"
