@@ -1,5 +1,6 @@
 """Registration: PrivateUse1 becomes ``rbln``, ``torch.rbln`` the device module, and every
-dispatch route (views, copies, factories, device ops, the boxed CPU fallback) is registered."""
+dispatch route (views, copies, factories, device ops, the boxed CPU fallback) is registered.
+The layers it wires together: docs/architecture.md."""
 
 from __future__ import annotations
 

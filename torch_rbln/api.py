@@ -1,4 +1,5 @@
-"""The ``torch.rbln`` namespace: device, memory, RNG, explain, compiled programs."""
+"""The ``torch.rbln`` namespace: device, memory, RNG, explain, compiled programs (README
+"torch.rbln API")."""
 
 from .device_api import *  # noqa: F401,F403
 from .device_api import _get_device_index  # noqa: F401

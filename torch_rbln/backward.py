@@ -14,6 +14,7 @@ under it. Which devices a graph touches is only known by walking it, so this app
 backward pass: CPU-only graphs run on the calling thread anyway, and the CPU build of torch
 has no other accelerator, so the only cost is that rbln:0 work also runs on the calling thread
 instead of a device thread (the same numbers; device work is serialised per process anyway).
+README: "Backward on rbln:1 and up".
 """
 
 from __future__ import annotations

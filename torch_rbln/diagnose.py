@@ -12,6 +12,8 @@ initialised; it imports torch itself only to check it, and prints the whole repo
 * ``rebel ABI handshake:`` (:mod:`torch_rbln.abi`) ending in ``verdict: OK`` or
   ``verdict: MISMATCH -- <reason>``;
 * the environment variables that affect the backend; the Python interpreter.
+
+README: "Diagnose and environment variables".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the extension loads. At INFO every op that ran on the CPU logs
 
 followed by ``UserWarning("TRACE")`` attributed to the user's own source line, so Python's
 warning machinery prints ``file.py:N`` and the code line. The log is a listener on the event
-stream; it keeps no counts of its own.
+stream; it keeps no counts of its own. README: "CPU fallback".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""torch.rbln memory statistics and allocator control (torch.cuda-style)."""
+"""torch.rbln memory statistics and allocator control, torch.cuda-style (README "Device tensors
+and memory")."""
 
 from __future__ import annotations
 

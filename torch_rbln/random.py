@@ -1,6 +1,6 @@
 """torch.rbln RNG. Generators are host-side, one per logical device; random ops on rbln tensors
 draw from the generator of their device, so ``torch.rbln.manual_seed`` makes them reproducible
-independently of the CPU generator."""
+independently of the CPU generator. README: "torch.rbln API"."""
 
 from __future__ import annotations
 

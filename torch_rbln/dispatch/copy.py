@@ -1,20 +1,7 @@
-"""The copy engine: every copy that touches an rbln tensor, with its residency and events.
+"""The copy engine: every copy that touches an rbln tensor (``copy_``, ``.to()``, ``.item()``).
 
-=========================  ==============================================================
-copy                       what the virtual NPU does
-=========================  ==============================================================
-cpu -> rbln                write into the host view (upload happens lazily at first device
-                           use). A source that needs converting (dtype, layout) is staged on
-                           the host first (``bounce h2d_staging``); a non-contiguous rbln
-                           destination is written on the host (``bounce h2d_noncontig_dst``).
-rbln -> cpu                host read of the source (a physical ``d2h`` if device-latest).
-rbln -> rbln, direct       same dtype, same shape, both contiguous: the runtime's v2v engine.
-                           A device-resident source is copied on the device; a source whose
-                           latest data is on the host is served on the host
-                           (``v2v_slow src_not_on_device`` / ``src_synced_host_served``).
-rbln -> rbln, otherwise    dtype change, broadcast or strided layout: round trip through the
-                           host (``bounce d2d_copy``).
-=========================  ==============================================================
+Which copy runs where and what it reports is the README's copy table (section "Device tensors
+and memory").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Native data-movement kernels: the device's copy engine, no compiler involved.
+"""Data-movement kernels (the op table's ``NATIVE_OPS``): the device's copy engine, no compiler.
 
 ``cat``, ``index_select``, ``index_copy``, ``repeat_interleave``, ``arange``, ``clone``,
 ``fill_`` and ``zero_`` move or set bytes; they work for any dtype, skip the pre-dispatch
@@ -12,6 +12,7 @@ copies are accounted as the runtime's ``v2v_multi`` / ``v2v`` primitives.
 A batched copy the runtime cannot plan (sources of different dtypes, or a CPU tensor among
 rbln ones) falls back to a CPU op: ``bounce strided_v2v_cpu_fallback``, a WARNING, and with
 ``TORCH_RBLN_DISABLE_FALLBACK=strided_copy_error`` (read at each check) the error instead.
+README: "Eager execution" (the routes table).
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ Fields of :class:`OpEntry`:
 * ``operands``   positional indices the checks look at (empty: every tensor argument)
 * ``autograd``   an AutogradPrivateUse1 kernel for a CompositeImplicit op (``"linear"``: a
   Function whose backward is ``aten::linear_backward``), so autograd records it
+
+README: "Eager execution" (the routes and the device ops).
 """
 
 from __future__ import annotations

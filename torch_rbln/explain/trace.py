@@ -2,8 +2,8 @@
 
 A listener on the event stream, attached only while such a region is open (so a plain region
 and code outside regions pay nothing). The first time an op falls back or compiles, and the
-first time each bounce site fires, it records the user's call site: the innermost frames that
-belong neither to torch, nor to this package, nor to the standard library.
+first time each bounce site fires, it records the user's call site: the innermost user frames
+(``user_frames.py``).
 """
 
 from __future__ import annotations

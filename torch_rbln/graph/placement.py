@@ -1,12 +1,8 @@
 """Where each node of an aten graph runs: the same decision rules as eager ops.
 
 A node is placed on the device when eager would run it there: its op has an entry in the device
-op table (``dispatch/optable.py``) and it passes the pre-dispatch checks that depend on what a
-graph knows at compile time (dtype catalog, all-scalar operands, the 64-alignment and
-div-rounding rules). The data-dependent checks (NaN/Inf scan, storage offset) and the
-thread-state checks (trace, dispatch mode, reentrancy) have no meaning for a compiled graph and
-are not applied. The alignment rule applies to static extents only (a dynamic extent would
-otherwise specialise the graph).
+op table (``dispatch/optable.py``) and it passes the rules a graph can decide
+(``dispatch/rules.py``: the op's gate and ``GRAPH_RULES``).
 
 Everything else runs on the host and carries the reason eager would report; an op without a
 device kernel has the reason ``no-device-kernel``. Metadata ops (views), copies, dtype

@@ -5,6 +5,7 @@ A block is a piece of host RAM standing in for device DRAM. Requests are rounded
 same rounded size until :meth:`Arena.empty_cache`. The arena refuses to reserve past its
 capacity: it first releases its cache and retries (``num_alloc_retries``), then raises
 ``torch.OutOfMemoryError`` and leaves every statistic as it was (``num_ooms`` aside).
+README: "Device tensors and memory".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Two things are read from the environment, at two different times:
   tensor, ``synchronize()``) *commits* it; after that the variables are no longer read.
 
 Nothing here imports torch, so ``python -m torch_rbln.diagnose`` can plan the mapping on a
-machine where ``import torch`` fails.
+machine where ``import torch`` fails. README: "Several devices".
 """
 
 from __future__ import annotations

@@ -7,18 +7,8 @@ Every rbln storage carries a :class:`Buffer` (``storage._rbln``):
   first device use (or at creation with ``TORCH_RBLN_EAGER_MALLOC=1``);
 * ``state`` which side holds the latest data: ``HOST``, ``DEVICE`` or ``SYNCED`` (both).
 
-Transitions (and the events they record):
-
-=================  =========================================  ================================
-access             from                                       to
-=================  =========================================  ================================
-device read        HOST: ``h2d`` push of the whole storage    SYNCED
-device write       HOST: push first unless the whole storage   DEVICE
-                   is overwritten
-host read          DEVICE: physical ``d2h`` of the storage     SYNCED
-host write         DEVICE: ``d2h`` first unless the whole      HOST
-                   storage is overwritten
-=================  =========================================  ================================
+The transitions between the states, and the transfers they record, are the README's residency
+table (section "Device tensors and memory").
 
 The Buffer lives exactly as long as the storage (PyTorch preserves the storage's Python object
 while any tensor uses it); its ``__del__`` returns the device block and the host memory.
