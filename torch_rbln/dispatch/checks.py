@@ -13,12 +13,14 @@ from __future__ import annotations
 import sys
 import warnings
 
+import torch
+
 from .. import config
 from . import rules
 from .rules import Operands, first_failure, has_nonfinite, nonfinite_scalar, reentrant
 
 _warned_dev = False
-_len_dispatch_stack = rules._len_dispatch_stack
+_len_dispatch_stack = torch._C._len_torch_dispatch_stack
 _live = config.live
 
 
@@ -78,6 +80,6 @@ def check(entry, tensors: list, dtype_tensors: list, scalars: list, op_args, kwa
         return "last-dim-not-64-aligned"
     if entry.name == "div.out_mode" and kwargs.get("rounding_mode") in ("trunc", "floor"):
         for t in tensors:
-            if t.dtype in rules._HALF:
+            if t.dtype in rules.HALF:
                 return "div-rounding-fp16"
     return None

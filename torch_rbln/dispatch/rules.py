@@ -34,12 +34,12 @@ _log = logging.getLogger("torch_rbln")
 
 DISPATCH_DTYPES: frozenset = frozenset()
 STRICT_DTYPES: frozenset = frozenset()
-_HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)
 
 
 def configure() -> None:
     global DISPATCH_DTYPES, STRICT_DTYPES
-    DISPATCH_DTYPES = frozenset({*_HALF, *(getattr(torch, n) for n in
+    DISPATCH_DTYPES = frozenset({*HALF, *(getattr(torch, n) for n in
                                            config.latched("TORCH_RBLN_DISPATCH_DTYPES"))})
     STRICT_DTYPES = frozenset(getattr(torch, n) for n in config.latched("TORCH_RBLN_DISPATCH_STRICT"))
 
@@ -175,7 +175,7 @@ def _unaligned(o: Operands) -> bool:
 
 def _div_rounding(o: Operands) -> bool:
     return (o.entry.name == "div.out_mode" and o.kwargs.get("rounding_mode") in ("trunc", "floor")
-            and any(t.dtype in _HALF for t in o.tensors))
+            and any(t.dtype in HALF for t in o.tensors))
 
 
 RULES: tuple[Rule, ...] = (
@@ -207,9 +207,6 @@ def first_failure(o: Operands, rules: tuple = RULES, skip: frozenset = frozenset
 # -------------------------------------------------------------------------------------------
 # op-specific gates, evaluated before the rules (the reference's kernel-level checks)
 
-_SDPA_DTYPES = (torch.float16, torch.bfloat16)
-
-
 def sdpa_unsupported(q, k, v, attn_bias) -> str | None:
     """Why the device attention kernel cannot take these inputs (``can_use_rbln_sdpa``)."""
     if q.dim() < 3:
@@ -218,7 +215,7 @@ def sdpa_unsupported(q, k, v, attn_bias) -> str | None:
         return "dim > 4 not supported"
     if q.is_nested:
         return "nested tensors not supported"
-    if q.dtype not in _SDPA_DTYPES:
+    if q.dtype not in HALF:
         return f"dtype {q.dtype} not supported"
     if k.dtype != q.dtype or v.dtype != q.dtype:
         return "q/k/v dtypes differ"
