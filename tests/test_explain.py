@@ -50,7 +50,7 @@ def check_schema(p) -> tuple[dict, dict]:
         assert set(c) == {"count", "bytes"}
     assert set(d["dispatch"]) == {"total", "cpu_fallback", "cpu_fallback_ns", "warm_hit", "recompile_miss"}
     rr = d["runtime_residency"]
-    assert list(rr["by_reason"]) == ["src_not_on_device", "src_synced_host_served"]
+    assert list(rr["by_reason"]) == ["src_not_on_device", "src_device_only_real_d2h", "src_synced_host_served"]
     assert rr["total_count"] == sum(c["count"] for c in rr["by_reason"].values())
     assert set(rr["real_host_sync_d2h"]) == set(rr["real_host_sync_h2d"]) == {"count", "bytes"}
     assert set(d["device_memory"]) == {"current_bytes", "peak_bytes"}

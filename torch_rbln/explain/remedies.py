@@ -15,7 +15,10 @@ BOUNCE_LABEL = {
 }
 
 # Why a device-to-device copy had to go through the host (runtime side), in report order.
-V2V_CAUSES = ("src_not_on_device", "src_synced_host_served")
+# The axis is the reference's, and verdict() prints every cause of it:
+# ``src_device_only_real_d2h`` stays although no copy here needs it (the virtual NPU plans
+# every same-dtype contiguous device copy).
+V2V_CAUSES = ("src_not_on_device", "src_device_only_real_d2h", "src_synced_host_served")
 
 # Reasons the runtime rejects a fast copy plan (each one the user can act on).
 USER_REJECTS = ("src_not_on_device", "dtype_mismatch")
@@ -64,6 +67,10 @@ CAUSE_FIX = {
     "src_not_on_device":
         "the copy's source was host-latest; make it device-resident (let a device op produce it, "
         "or upload it once) before copying it on the device",
+    "src_device_only_real_d2h":
+        "the source lived only on the device and the copy needed a real device-to-host transfer "
+        "(the layout could not be planned on the device: dtype, alignment or too many pieces); "
+        "align dtypes and keep the copy contiguous",
     "src_synced_host_served":
         "the source was in sync on host and device, so a host memcpy served the copy with no "
         "transfer; usually harmless, make the source device-resident to use the device engine",
