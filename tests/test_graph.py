@@ -218,6 +218,16 @@ def test_unknown_option_is_rejected():
         f(torch.ones(64, dtype=torch.float16).to("rbln"))
 
 
+@pytest.mark.parametrize("kwargs", [{"options": {"mode": "compile_only"}},
+                                    {"options": {"mode": {"compile_only"}}},
+                                    {"mode": "compile_only"}])
+def test_compile_only_mode_is_refused_clearly(kwargs):
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x + 1, backend="rbln", **kwargs)
+    with pytest.raises(Exception, match="rbln mode .*compile_only.* is not supported"):
+        f(torch.ones(64, dtype=torch.float16).to("rbln"))
+
+
 # ------------------------------------------------------------------------------------------
 # a small Hugging Face Llama (random weights, fp16)
 

@@ -11,11 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-try:
-    from importlib.metadata import version as _version
-    __version__ = _version("torch-rbln-vnpu")
-except Exception:  # not installed (source tree)
-    __version__ = "0.0.0"
+from .version import __version__  # noqa: F401
 
 status = "uninitialized"
 

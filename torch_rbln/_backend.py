@@ -1,5 +1,6 @@
 """Registration: PrivateUse1 becomes ``rbln``, ``torch.rbln`` the device module, and every
-dispatch route (views, copies, factories, device ops, the boxed CPU fallback) is registered."""
+dispatch route (views, copies, factories, device ops, the boxed CPU fallback) is registered.
+The layers it wires together: docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ def _native():
 
 def setup() -> None:
     from . import api, log, patches
-    from .dispatch import checks, copy, device_op, factories, fallback, native, special, views
+    from .dispatch import (composites, copy, data_movement, device_op, factories, fallback,
+                           rules, views)
     from .runtime import devices
 
     log.setup()
-    checks.configure()
+    rules.configure()
     fallback.configure()
     # importing the native core registers the C++ device guard and hooks for PrivateUse1
     devices.bind_native(_native())
@@ -37,10 +39,10 @@ def setup() -> None:
     aten = torch.library.Library("aten", "IMPL")
     _libs.append(aten)
     for table in (views.kernels(), factories.KERNELS, copy.KERNELS, device_op.kernels(),
-                  native.KERNELS, special.KERNELS, fallback.host_kernels()):
+                  data_movement.KERNELS, composites.KERNELS, fallback.host_kernels()):
         for name, fn in table.items():
             aten.impl(name, fn, "PrivateUse1")
-    for name, fn in special.AUTOGRAD_KERNELS.items():
+    for name, fn in composites.AUTOGRAD_KERNELS.items():
         aten.impl(name, fn, "AutogradPrivateUse1")
     catch_all = torch.library.Library("_", "IMPL")
     _libs.append(catch_all)

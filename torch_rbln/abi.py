@@ -146,7 +146,7 @@ def native_core() -> tuple[str | None, str | None]:
 
 
 def mismatch_message(res: Result) -> str:
-    from . import __version__
+    from .version import __version__
     torch = sys.modules.get("torch")
     where = getattr(torch, "__file__", None) or "?"
     lo, hi = res.window or (None, None)

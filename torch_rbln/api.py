@@ -1,8 +1,8 @@
 """The ``torch.rbln`` namespace: device, streams and events, memory, RNG, explain, compiled
-programs."""
+programs (README "torch.rbln API")."""
 
-from .device import *  # noqa: F401,F403
-from .device import _get_device_index  # noqa: F401
+from .device_api import *  # noqa: F401,F403
+from .device_api import _get_device_index  # noqa: F401
 from .memory import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
 from .random import _is_in_bad_fork  # noqa: F401

@@ -303,15 +303,19 @@ def parse(name: str, raw: str | None = None) -> Any:
     return var.parse(name, raw)
 
 
-# Live variables are read on every dispatch: cache the parse per raw string, so the hot path pays
-# one environment lookup and a dict hit.
+# Live variables are read on every dispatch: an unset variable (the common case) costs one
+# lookup in the environment's own mapping, a set one a dict hit on its cached parse.
 _environ_data = getattr(os.environ, "_data", None)
+_KEYS = {name: name.encode() for name in VARS}
 _live_cache: dict[tuple[str, Any], Any] = {}
 
 
 def live(name: str) -> Any:
+    """The value of ``name`` now (a ``live`` variable, read on every call)."""
     if _environ_data is not None:
-        raw = _environ_data.get(name.encode())
+        raw = _environ_data.get(_KEYS[name])
+        if raw is None:
+            return VARS[name].default
     else:  # pragma: no cover - non-posix
         raw = os.environ.get(name)
     key = (name, raw)

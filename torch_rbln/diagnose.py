@@ -12,6 +12,8 @@ initialised; it imports torch itself only to check it, and prints the whole repo
 * ``rebel ABI handshake:`` (:mod:`torch_rbln.abi`) ending in ``verdict: OK`` or
   ``verdict: MISMATCH -- <reason>``;
 * the environment variables that affect the backend; the Python interpreter.
+
+README: "Diagnose and environment variables".
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import platform
 import sys
 import warnings
 
-DIST_NAME = "torch-rbln-vnpu"
 _PKG_DIR = os.path.dirname(os.path.realpath(__file__))
 
 
@@ -42,7 +43,7 @@ def _err(e: BaseException) -> str:
 
 def package_section() -> list[str]:
     from importlib import metadata
-    from . import __version__
+    from .version import DIST_NAME, __version__
     out = ["torch-rbln package:", f"  version: {__version__}"]
     # a source tree's *.egg-info (a build artifact on sys.path when run from the checkout) is
     # not an installation: prefer the installer's *.dist-info

@@ -7,7 +7,7 @@ the extension loads. At INFO every op that ran on the CPU logs
 
 followed by ``UserWarning("TRACE")`` attributed to the user's own source line, so Python's
 warning machinery prints ``file.py:N`` and the code line. The log is a listener on the event
-stream; it keeps no counts of its own.
+stream; it keeps no counts of its own. README: "CPU fallback".
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 import warnings
 
 from . import config, events
+from .user_frames import first_user_frame
 
 logger = logging.getLogger("torch_rbln")
 
@@ -61,36 +62,10 @@ def _schema_name(op: str) -> str:
     return f"{ns}::{rest.split('.', 1)[0]}" if rest else op
 
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = None
-
-
-def _first_user_frame(f):
-    """``(frame, depth)`` of the first frame from ``f`` outwards that lies outside torch and
-    this package (the user's own source line); ``(None, 1)`` when there is none."""
-    global _TORCH_DIR
-    if _TORCH_DIR is None:
-        import torch
-        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
-    depth = 1
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not (fn.startswith(_PKG_DIR) or fn.startswith(_TORCH_DIR) or fn.startswith("<frozen")):
-            return f, depth
-        f = f.f_back
-        depth += 1
-    return None, 1
-
-
-def user_stacklevel() -> int:
-    """The ``warnings.warn`` stacklevel that points at the first frame outside torch and us."""
-    return _first_user_frame(sys._getframe(1))[1]
-
-
 def _warn_trace() -> None:
     """``UserWarning("TRACE")`` attributed to the user's line, named relative to the working
     directory when it lies below it (``sin_demo.py:5``, as the reference prints it)."""
-    f, _ = _first_user_frame(sys._getframe(1))
+    f, _ = first_user_frame(sys._getframe(1))
     if f is None:
         warnings.warn("TRACE", UserWarning, stacklevel=2)
         return
@@ -115,9 +90,3 @@ def _on_event(kind: str, key: str, amount: int) -> None:
     # the TRACE warning is also written to the log at WARNING, like the reference
     logger.warning("TRACE")
     _warn_trace()
-
-
-def on_mapping_committed(plan) -> None:
-    if logger.isEnabledFor(logging.DEBUG):
-        from .device import summary_text
-        logger.debug("Device configuration complete:\n%s", summary_text(plan))

@@ -1,9 +1,9 @@
-"""torch.rbln memory statistics and allocator control (torch.cuda-style)."""
+"""torch.rbln memory statistics and allocator control, torch.cuda-style (README "Device tensors
+and memory")."""
 
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
@@ -88,12 +88,9 @@ def reset_accumulated_memory_stats(device=None) -> None:
 def empty_cache(device=None) -> None:
     """Release cached device blocks and drop the compiled-program caches: everything the user
     is not holding."""
-    from .runtime import compiler
+    from .runtime import caches
     from .runtime.storage import clear_host_pool
-    compiler.clear_cache()
-    graph = sys.modules.get("torch_rbln.graph.backend")   # loaded by the first torch.compile
-    if graph is not None:
-        graph.drop_all()
+    caches.drop_all()
     clear_host_pool()
     if devices.count() == 0:
         return

@@ -1,6 +1,7 @@
 """torch.rbln RNG: one default generator per logical device (``runtime/generators.py``); random
 ops on rbln tensors draw from the generator of their device (or the ``generator=`` given), so
-``torch.rbln.manual_seed`` makes them reproducible independently of the CPU generator."""
+``torch.rbln.manual_seed`` makes them reproducible independently of the CPU generator.
+README: "torch.rbln API"."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def default_generator(index: int | None = None) -> torch.Generator:
 
 
 def _index(device) -> int:
-    from .device import _index_or_current
+    from .device_api import _index_or_current
     idx = _index_or_current(device)
     return devices.current() if idx < 0 else idx
 

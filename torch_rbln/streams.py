@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from . import _C
-from .device import _check_index, _get_device_index
-from .device import device as _device_ctx
+from .device_api import _check_index, _get_device_index
+from .device_api import device as _device_ctx
 
 __all__ = ["Stream", "Event", "current_stream", "default_stream", "set_stream", "stream",
            "StreamContext"]

@@ -1,20 +1,7 @@
-"""The copy engine: every copy that touches an rbln tensor, with its residency and events.
+"""The copy engine: every copy that touches an rbln tensor (``copy_``, ``.to()``, ``.item()``).
 
-=========================  ==============================================================
-copy                       what the virtual NPU does
-=========================  ==============================================================
-cpu -> rbln                write into the host view (upload happens lazily at first device
-                           use). A source that needs converting (dtype, layout) is staged on
-                           the host first (``bounce h2d_staging``); a non-contiguous rbln
-                           destination is written on the host (``bounce h2d_noncontig_dst``).
-rbln -> cpu                host read of the source (a physical ``d2h`` if device-latest).
-rbln -> rbln, direct       same dtype, same shape, both contiguous: the runtime's v2v engine.
-                           A device-resident source is copied on the device; a source whose
-                           latest data is on the host is served on the host
-                           (``v2v_slow src_not_on_device`` / ``src_synced_host_served``).
-rbln -> rbln, otherwise    dtype change, broadcast or strided layout: round trip through the
-                           host (``bounce d2d_copy``).
-=========================  ==============================================================
+Which copy runs where and what it reports is the README's copy table (section "Device tensors
+and memory").
 """
 
 from __future__ import annotations
@@ -26,14 +13,9 @@ import torch
 from .. import events
 from ..runtime.storage import DEVICE, HOST, SYNCED, host_input, state_of
 from . import factories
+from .layout import spans_storage
 
 _record = events.record
-
-
-def covers(t: torch.Tensor, state) -> bool:
-    """``t`` is contiguous and spans its whole storage (a write to it overwrites everything)."""
-    return (t.storage_offset() == 0 and t.is_contiguous()
-            and t.numel() * t.element_size() == state.nbytes)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -46,7 +28,7 @@ def _h2d(src: torch.Tensor, dst: torch.Tensor) -> None:
         _record("bounce", "copy_h2d_staging", _nbytes(src))
     if not dst.is_contiguous():
         _record("bounce", "copy_h2d_noncontig_dst", _nbytes(dst))
-    state.host_write(whole=covers(dst, state))
+    state.host_write(whole=spans_storage(dst, state.nbytes))
     state.host_alias(dst).copy_(src)
 
 
@@ -64,7 +46,7 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
         state = sb.residency
         if state == DEVICE:
             t0 = time.perf_counter_ns()
-            db.device_write(whole=covers(dst, db))
+            db.device_write(whole=spans_storage(dst, db.nbytes))
             db.device_alias(dst).copy_(sb.device_alias(src))
             _record("runtime", "v2v", time.perf_counter_ns() - t0)
             return
@@ -72,7 +54,7 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
         _record("v2v_slow", "src_synced_host_served" if state == SYNCED else "src_not_on_device", nbytes)
         if state == HOST:
             _record("v2v_reject", "src_not_on_device", nbytes)
-        db.host_write(whole=covers(dst, db))
+        db.host_write(whole=spans_storage(dst, db.nbytes))
         db.host_alias(dst).copy_(sb.host_alias(src))
         return
     # non-direct: dtype conversion, broadcast, strided or cross-device copy through the host
@@ -81,7 +63,7 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
     src_cpu = sb.host_alias(src)
     if same:
         src_cpu = src_cpu.clone()   # overlapping source and destination
-    db.host_write(whole=covers(dst, db))
+    db.host_write(whole=spans_storage(dst, db.nbytes))
     db.host_alias(dst).copy_(src_cpu)
 
 

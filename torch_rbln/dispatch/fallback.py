@@ -5,7 +5,7 @@ inputs, several outputs, TensorList arguments and results, optional tensors, mix
 arguments, 0-dim tensors and Python scalars. Each rbln argument is read on the host (a physical
 ``d2h`` only if its latest data is on the device); arguments the op writes become host-latest;
 fresh results become rbln tensors on the first rbln argument's device without a copy (their
-host view is the CPU result's memory).
+host view is the CPU result's memory). README: "CPU fallback".
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import torch
 
 from .. import config, events
 from ..runtime import devices, generators
-from ..runtime.storage import CPU_KEYSET, state_of, wrap_host
+from ..runtime.storage import CPU_KEYSET, state_of
 from . import factories
+from .results import wrap_result
 
 _record = events.record
 _as_strided = torch.ops.aten.as_strided.default._handle
@@ -131,9 +132,7 @@ def _to_rbln(x, ctx: _Ctx):
             # a view of an rbln input: the same view on the rbln storage
             v = _as_strided.redispatch_boxed(CPU_KEYSET, owner, x.size(), x.stride(), x.storage_offset())
             return v
-        if x.storage_offset() != 0 or x.untyped_storage().nbytes() != x.numel() * x.element_size():
-            x = x.clone(memory_format=torch.contiguous_format) if not x.is_contiguous() else x.clone()
-        return wrap_host(x, ctx.index if ctx.index is not None else devices.current())
+        return wrap_result(x, ctx.index if ctx.index is not None else devices.current())
     if isinstance(x, (list, tuple)):
         return type(x)(_to_rbln(v, ctx) for v in x)
     return x
@@ -234,7 +233,7 @@ def host_kernels() -> dict:
     """Kernels for the ops the op table routes to the host on purpose (``optable.HOST_OPS``):
     the same CPU run as the boxed fallback, but registered explicitly, so they keep working
     with ``TORCH_RBLN_DISABLE_FALLBACK=unsupported_op``."""
-    from .optable import HOST_OPS
+    from .optable import HOST_OPS, overload
 
     def make(op):
         name = op.name()
@@ -244,15 +243,12 @@ def host_kernels() -> dict:
             return run_on_cpu(op, args, kwargs)
         return kernel
 
-    out = {}
-    for n in HOST_OPS:
-        packet, _, ov = n.partition(".")
-        out[n] = make(getattr(getattr(torch.ops.aten, packet), ov or "default"))
+    out = {n: make(overload(n)) for n in HOST_OPS}
     # entry points whose CompositeExplicit kernel only raises for a non-CPU/CUDA backend: they
     # must be registered to reach the catch-all's behaviour (unsupported_op applies)
     for name in _HOST_TWIN:
-        op = getattr(torch.ops.aten, name.split("::")[1]).default
-        out[name.split("::")[1]] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(op)
+        n = name.split("::")[1]
+        out[n] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(overload(n))
     return out
 
 

@@ -1,6 +1,6 @@
 """The device op table: which aten overloads the virtual NPU runs, and under which rules.
 
-This is data. Adding a device op is one entry here, plus a kernel in ``runtime/lowering.py``
+This is data. Adding a device op is one entry here, plus a kernel in ``runtime/executors.py``
 when the op is not computed by its functional aten twin.
 
 Fields of :class:`OpEntry`:
@@ -15,19 +15,25 @@ Fields of :class:`OpEntry`:
   still reported under ``name``)
 * ``align64``    the 64-alignment rule applies to directly passed tensors
 * ``skip_dtype`` positional indices excluded from the dtype check (``where``'s condition)
-* ``fast_path``  a fallback of this op runs through a host fast-path handler (explain lists
-  fallback ops *without* one as optimization candidates)
-* ``kernel``     the executor form (``runtime/lowering.py``): ``"direct"`` (the functional op on
+* ``fast_path``  the reference's CPU fast-path handler this op reproduces (``fast_paths/*.cpp``
+  there: int elementwise, fp32 last-dim mean, fp32 square-pow, fp32 rsqrt), or ``""``. A
+  fallback of such an op computes on the host views directly, and explain does not list it
+  among the optimization candidates (fallback ops without a handler)
+* ``kernel``     the executor form (``runtime/executors.py``): ``"direct"`` (the functional op on
   device memory; its CPU kernel already accumulates in fp32 and rounds once), ``"fp32"``
   (inputs widened to fp32, one rounding at the end), or the name of a custom kernel
 * ``operands``   positional indices the checks look at (empty: every tensor argument)
 * ``autograd``   an AutogradPrivateUse1 kernel for a CompositeImplicit op (``"linear"``: a
   Function whose backward is ``aten::linear_backward``), so autograd records it
+
+README: "Eager execution" (the routes and the device ops).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -38,11 +44,17 @@ class OpEntry:
     aliases: tuple = ()
     align64: bool = True
     skip_dtype: tuple = ()
-    fast_path: bool = False
+    fast_path: str = ""
     kernel: str = "direct"
     operands: tuple = ()
     autograd: str = ""
     notes: str = ""
+
+
+def overload(name: str) -> torch._ops.OpOverload:
+    """The aten overload a name of this table means: ``"add.out"``, or ``"mm"`` (the default)."""
+    packet, _, ov = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), ov or "default")
 
 
 def _binary(n, **kw):
@@ -60,15 +72,16 @@ def _compare(c, k):
 
 DEVICE_OPS: tuple[OpEntry, ...] = (
     # elementwise binary (broadcasting); `alpha` and scalar operands are baked into the program
-    _binary("add"), _binary("sub"), _binary("mul", fast_path=True), _binary("div"),
+    _binary("add"), _binary("sub"), _binary("mul", fast_path="int elementwise"), _binary("div"),
     OpEntry("div.out_mode", "div.Tensor_mode", aliases=("div.Tensor_mode",),
             notes="fp16/bf16 with rounding_mode trunc/floor -> CPU"),
     OpEntry("maximum.out", "maximum.default", aliases=("maximum",)),
     OpEntry("minimum.out", "minimum.default", aliases=("minimum",)),
     OpEntry("pow.Tensor_Scalar_out", "pow.Tensor_Scalar", aliases=("pow.Tensor_Scalar",),
-            fast_path=True, notes="integer and +-0.5 exponents; others: compile_error"),
+            fast_path="fp32 square-pow",
+            notes="integer and +-0.5 exponents; others: compile_error"),
     # unary
-    _unary("abs"), _unary("neg"), _unary("rsqrt", fast_path=True), _unary("log"),
+    _unary("abs"), _unary("neg"), _unary("rsqrt", fast_path="fp32 rsqrt"), _unary("log"),
     _unary("ceil"), _unary("floor"), _unary("silu"), _unary("sigmoid"),
     OpEntry("clamp.out", "clamp.default", aliases=("clamp",),
             notes="scalar bounds only (clamp.Tensor_out runs on the host)"),
@@ -76,7 +89,7 @@ DEVICE_OPS: tuple[OpEntry, ...] = (
     # comparisons (bool outputs)
     *(_compare(c, k) for c in ("eq", "ne", "gt", "ge", "lt", "le") for k in ("Tensor", "Scalar")),
     # reductions
-    OpEntry("mean.out", "mean.dim", aliases=("mean.dim",), fast_path=True),
+    OpEntry("mean.out", "mean.dim", aliases=("mean.dim",), fast_path="fp32 last-dim mean"),
     OpEntry("max.unary_out", "max.default"), OpEntry("min.unary_out", "min.default"),
     OpEntry("max", "max.default", out="functional"),
     OpEntry("min", "min.default", out="functional"),
@@ -112,7 +125,7 @@ DEVICE_OPS: tuple[OpEntry, ...] = (
 
 BY_NAME = {e.name: e for e in DEVICE_OPS}
 
-# Data-movement ops the device's copy engine runs natively (``dispatch/native.py``): no
+# Data-movement ops the device's copy engine runs natively (``dispatch/data_movement.py``): no
 # compile, no pre-dispatch checks, any dtype; they run where their data is.
 NATIVE_OPS = (
     "cat.out", "cat", "index_select.out", "index_select", "index_copy.out", "index_copy_",
@@ -142,14 +155,3 @@ HOST_OPS = (
     "native_batch_norm", "logit_backward.grad_input", "sigmoid_backward.grad_input",
     "tanh_backward.grad_input", "unfold_backward", "native_dropout_backward",
 )
-
-# Ops without a device kernel that the reference leaves to the boxed catch-all (no explicit
-# registration): they run on the host and are logged as such.
-CATCH_ALL_HOST_OPS = frozenset({"cos", "sin", "exp"})
-
-
-def runs_on_host(op_name: str) -> bool:
-    """Whether the op table says ``aten::<op>`` (any overload) runs on the host."""
-    packet = op_name.removeprefix("aten::").split(".", 1)[0]
-    return packet in CATCH_ALL_HOST_OPS or any(n.split(".", 1)[0] == packet for n in HOST_OPS)
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.storage import CPU_KEYSET
+from .optable import overload
 
 # overloads whose CPU kernel only rewrites metadata
 VIEW_OPS = (
@@ -27,20 +28,15 @@ VIEW_OPS = (
 )
 
 
-def _redispatch(overload: torch._ops.OpOverload):
-    handle = overload._handle
+def _redispatch(op: torch._ops.OpOverload):
+    handle = op._handle
 
     def kernel(*args, **kwargs):
         return handle.redispatch_boxed(CPU_KEYSET, *args, **kwargs)
 
-    kernel.__name__ = f"rbln_view_{overload.__name__}"
+    kernel.__name__ = f"rbln_view_{op.__name__}"
     return kernel
 
 
 def kernels() -> dict:
-    out = {}
-    for name in VIEW_OPS:
-        packet, _, ov = name.partition(".")
-        op = getattr(getattr(torch.ops.aten, packet), ov or "default")
-        out[name] = _redispatch(op)
-    return out
+    return {name: _redispatch(overload(name)) for name in VIEW_OPS}

@@ -2,7 +2,8 @@
 
 Not a timing profiler. A region counts hidden host overhead -- CPU fallbacks, compiles, host
 round trips of copies, slow device copies -- from the one event stream (``torch_rbln.events``),
-names the cause and the change to make, and renders it as a table."""
+names the cause and the change to make, and renders it as a table. README: "torch.rbln.explain".
+"""
 
 from .diff import RBLNDiff
 from .region import RBLNExplain, explain, explain_steady

@@ -32,12 +32,11 @@ def _signals(a: dict, b: dict) -> dict[str, dict]:
 
     out = {"host_bounce": row(lambda d: d["hidden_host_bounce"]["total_count"],
                               lambda d: d["hidden_host_bounce"]["total_bytes"])}
-    if rr(a)["available"] and rr(b)["available"]:
-        out["runtime/v2v_slow"] = row(lambda d: rr(d)["total_count"], slow_bytes)
-        if d2h(a)["count"] or d2h(b)["count"]:
-            out["runtime/physical_d2h"] = row(lambda d: d2h(d)["count"], lambda d: d2h(d)["bytes"])
-        if h2d(a)["count"] or h2d(b)["count"]:
-            out["runtime/h2d_push"] = row(lambda d: h2d(d)["count"], lambda d: h2d(d)["bytes"])
+    out["runtime/v2v_slow"] = row(lambda d: rr(d)["total_count"], slow_bytes)
+    if d2h(a)["count"] or d2h(b)["count"]:
+        out["runtime/physical_d2h"] = row(lambda d: d2h(d)["count"], lambda d: d2h(d)["bytes"])
+    if h2d(a)["count"] or h2d(b)["count"]:
+        out["runtime/h2d_push"] = row(lambda d: h2d(d)["count"], lambda d: h2d(d)["bytes"])
     out["cpu_fallback"] = row(lambda d: d["dispatch"]["cpu_fallback"])
     out["recompile"] = row(lambda d: d["dispatch"]["recompile_miss"])
     return out

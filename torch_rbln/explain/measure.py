@@ -30,7 +30,7 @@ def _sum(d: dict[str, tuple[int, int]]) -> tuple[int, int]:
     return sum(c for c, _ in d.values()), sum(a for _, a in d.values())
 
 
-def _ca(c: tuple[int, int]) -> dict:
+def _count_bytes(c: tuple[int, int]) -> dict:
     return {"count": c[0], "bytes": c[1]}
 
 
@@ -92,8 +92,8 @@ def _unaccelerated(ops) -> list[str]:
 
 def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str]) -> dict:
     bounce = _delta(before, after, "bounce")
-    by_site = {s: _ca(bounce.get(s, (0, 0))) for s in remedies.BOUNCE_SITES}
-    counted = [bounce.get(s, (0, 0)) for s in remedies.COUNTED_SITES]
+    by_site = {s: _count_bytes(bounce.get(s, (0, 0))) for s in remedies.BOUNCE_SITES}
+    counted = [bounce.get(s, (0, 0)) for s in remedies.BOUNCE_SITES]
 
     fallback = _delta(before, after, "cpu_fallback")
     recompile = _delta(before, after, "recompile")
@@ -107,16 +107,14 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
 
     slow = _delta(before, after, "v2v_slow")
     rejects = _delta(before, after, "v2v_reject")
-    user = {k: _ca(v) for k, v in rejects.items() if k in remedies.USER_REJECTS}
-    internal = _sum({k: v for k, v in rejects.items() if k not in remedies.USER_REJECTS})
+    user = {k: _count_bytes(v) for k, v in rejects.items() if k in remedies.USER_REJECTS}
     residency = {
-        "available": True,
         "total_count": _sum(slow)[0],
-        "by_reason": {c: _ca(slow.get(c, (0, 0))) for c in remedies.V2V_CAUSES},
-        "real_host_sync_d2h": _ca(_sum(_delta(before, after, "d2h"))),
-        "real_host_sync_h2d": _ca(_sum(_delta(before, after, "h2d"))),
-        "reject": {"user_actionable": user, "internal_fallback": _ca(internal)},
-        "debug": {"reject_raw_by_label": {k: _ca(v) for k, v in rejects.items()}},
+        "by_reason": {c: _count_bytes(slow.get(c, (0, 0))) for c in remedies.V2V_CAUSES},
+        "real_host_sync_d2h": _count_bytes(_sum(_delta(before, after, "d2h"))),
+        "real_host_sync_h2d": _count_bytes(_sum(_delta(before, after, "h2d"))),
+        "reject": {"user_actionable": user},
+        "debug": {"reject_raw_by_label": {k: _count_bytes(v) for k, v in rejects.items()}},
     }
 
     d = {
@@ -131,8 +129,6 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
         "trace_by_op": dict(trace),
         "runtime_residency": residency,
         "device_memory": device_memory(),
-        # the virtual NPU reports every runtime signal through the event stream
-        "pending_runtime_signals": [],
         "host_threads": host_threads(),
     }
     unaccelerated = _unaccelerated(d["cpu_fallback_by_op"])

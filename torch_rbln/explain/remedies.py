@@ -3,30 +3,25 @@ hints of the table, and the full remedies behind ``help()`` and ``dump()["notes"
 
 from __future__ import annotations
 
-# Torch-side host bounce sites, in report order. The first four are host round trips and make
-# a region "overhead"; the two batch sites only lost batching and never do.
-BOUNCE_SITES = (
-    "copy_d2d_host_bounce", "copy_h2d_staging", "copy_h2d_noncontig_dst",
-    "strided_v2v_cpu_fallback", "v2v_batch_to_per_entry", "host_batch_to_per_entry",
-)
-COUNTED_SITES = BOUNCE_SITES[:4]
+# Torch-side host bounce sites, in report order; each is a host round trip.
+BOUNCE_SITES = ("copy_d2d_host_bounce", "copy_h2d_staging", "copy_h2d_noncontig_dst",
+                "strided_v2v_cpu_fallback")
 
 BOUNCE_LABEL = {
     "copy_d2d_host_bounce": "host_bounce/d2d_copy",
     "copy_h2d_staging": "host_bounce/h2d_staging",
     "copy_h2d_noncontig_dst": "host_bounce/h2d_noncontig_dst",
     "strided_v2v_cpu_fallback": "host_bounce/strided_v2v_cpu_fallback",
-    "v2v_batch_to_per_entry": "host_bounce/v2v_batch_to_per_entry",
-    "host_batch_to_per_entry": "host_bounce/host_batch_to_per_entry",
 }
 
 # Why a device-to-device copy had to go through the host (runtime side), in report order.
+# The axis is the reference's, and verdict() prints every cause of it:
+# ``src_device_only_real_d2h`` stays although no copy here needs it (the virtual NPU plans
+# every same-dtype contiguous device copy).
 V2V_CAUSES = ("src_not_on_device", "src_device_only_real_d2h", "src_synced_host_served")
 
-# Reasons the runtime rejected a fast copy plan that the user can act on; every other reason is
-# runtime-internal and shown as one bucket.
+# Reasons the runtime rejects a fast copy plan (each one the user can act on).
 USER_REJECTS = ("src_not_on_device", "dtype_mismatch")
-INTERNAL_REJECT = "internal_fallback"
 
 # Pre-dispatch check reasons listed first in ``why:`` (any other code follows, by count).
 REASON_ORDER = ("dtype-not-fp16", "nan/inf input", "all-scalar inputs")
@@ -36,8 +31,6 @@ SHORT_FIX = {
     "copy_h2d_staging": "keep src on-device / stage once",
     "copy_h2d_noncontig_dst": "contiguous staging, then h2d",
     "strided_v2v_cpu_fallback": "lower outer_count / fatter inner",
-    "v2v_batch_to_per_entry": "check kMaxV2VMultiCopies / batch geom",
-    "host_batch_to_per_entry": "check for overlapping dst ranges",
     "cpu_fallback": "graph mode, or a supported dtype",
     "recompile": "stabilize shapes, or graph mode",
     "v2v_slow": "establish device residency first",
@@ -59,12 +52,6 @@ REMEDY = {
     "strided_v2v_cpu_fallback":
         "a strided device-to-device copy (cat/index/copy_) ran on the CPU; use fewer, larger "
         "contiguous inner blocks (a lower outer count) so the device copy engine qualifies",
-    "v2v_batch_to_per_entry":
-        "a batched device copy was split into per-entry copies (lost batching, not a host trip); "
-        "keep the batch within the per-destination copy limit and use a regular geometry",
-    "host_batch_to_per_entry":
-        "a batched host<->device copy was split into per-entry copies; make sure the destination "
-        "ranges of one batch do not overlap (the runtime expects them disjoint)",
     "cpu_fallback":
         "ops ran on the CPU instead of the NPU; run the step in graph mode "
         "(torch.compile(model, backend='rbln')), convert to a supported dtype (float16 or "
@@ -93,7 +80,6 @@ REJECT_FIX = {
     "src_not_on_device": "establish device residency before the copy",
     "dtype_mismatch": "align the src/dst dtype",
 }
-INTERNAL_FIX = "runtime-internal, not user-fixable"
 
 
 def notes(d: dict) -> list[dict]:
@@ -103,15 +89,11 @@ def notes(d: dict) -> list[dict]:
         if c["count"]:
             out.append({"signal": f"host_bounce/{site}", "fix": REMEDY[site]})
     rr = d["runtime_residency"]
-    if rr.get("available"):
-        for cause, c in rr["by_reason"].items():
-            if c["count"]:
-                out.append({"signal": f"runtime/v2v_slow:{cause}", "fix": CAUSE_FIX[cause]})
-        rej = rr.get("reject", {})
-        for label in rej.get("user_actionable", {}):
-            out.append({"signal": f"runtime/v2v_reject:{label}", "fix": REJECT_FIX[label]})
-        if rej.get("internal_fallback", {}).get("count"):
-            out.append({"signal": f"runtime/v2v_reject:{INTERNAL_REJECT}", "fix": INTERNAL_FIX})
+    for cause, c in rr["by_reason"].items():
+        if c["count"]:
+            out.append({"signal": f"runtime/v2v_slow:{cause}", "fix": CAUSE_FIX[cause]})
+    for label in rr["reject"]["user_actionable"]:
+        out.append({"signal": f"runtime/v2v_reject:{label}", "fix": REJECT_FIX[label]})
     if d["dispatch"]["cpu_fallback"]:
         out.append({"signal": "dispatch/cpu_fallback", "fix": REMEDY["cpu_fallback"]})
     if d["dispatch"]["recompile_miss"]:
@@ -126,8 +108,6 @@ def lookup(signal: str, fired: list[dict]) -> str:
     for table in (REMEDY, CAUSE_FIX, REJECT_FIX):
         if key in table:
             return table[key]
-    if key == INTERNAL_REJECT:
-        return INTERNAL_FIX
     for n in fired:
         if signal in n["signal"]:
             return n["fix"]

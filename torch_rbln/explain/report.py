@@ -111,9 +111,6 @@ def _details(d: dict) -> list[str]:
         rej = rr["reject"]
         parts = [f"{k} {fmt.count(c['count'])} -> {remedies.REJECT_FIX[k]}"
                  for k, c in rej["user_actionable"].items()]
-        internal = rej["internal_fallback"]["count"]
-        if internal:
-            parts.append(f"{remedies.INTERNAL_REJECT} {fmt.count(internal)} ({remedies.INTERNAL_FIX})")
         if parts:
             out.append("    reject: " + " | ".join(parts))
         out.append("")

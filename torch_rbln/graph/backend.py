@@ -13,7 +13,7 @@ Pipeline per Dynamo graph (one compile id, ``"0/0"``, ``"0/1"`` ...):
 
 Each compiled aten graph is one ``recompile`` event keyed ``graph <compile id>`` (the backward
 ``graph <compile id> backward``) carrying its compile time, and one :class:`CompiledProgram` for
-``torch.rbln.capture_programs()``.
+``torch.rbln.capture_programs()``. README: "Graph mode".
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ import torch
 import torch.fx
 
 from .. import events
-from ..runtime import devices
+from ..runtime import caches, devices
 from . import programs, split
 from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels
 from .runners import DevicePartition, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
 
+# the reference's options; `npu`, `cache_dir` and `disable_logger` change nothing here
 _OPTIONS = ("npu", "devices", "num_devices", "tensor_parallel_size", "mode", "cache_dir",
             "disable_logger")
 
@@ -40,6 +41,7 @@ _OPTIONS = ("npu", "devices", "num_devices", "tensor_parallel_size", "mode", "ca
 _live: "weakref.WeakSet[GraphProgram]" = weakref.WeakSet()
 
 
+@caches.register
 def drop_all() -> None:
     """Drop the compiled device programs of every graph; each recompiles on its next call."""
     for g in list(_live):
@@ -80,11 +82,20 @@ class GraphProgram:
         return self.outer(*args)
 
 
-def _check_options(options: dict | None) -> dict:
+def _check_options(options: dict | None, mode: str | None = None) -> dict:
+    """The reference's options; ``mode`` (in ``options``, or torch.compile's own ``mode=``
+    set to ``"compile_only"``) asks for a compile-only run, which is refused: graphs here
+    compile at their first call and run. torch.compile's other modes have no effect."""
     options = dict(options or {})
     unknown = sorted(k for k in options if k not in _OPTIONS)
     if unknown:
         raise TypeError(f"unknown rbln options {unknown}")
+    asked = options.get("mode") or (mode if mode == "compile_only" else None)
+    if asked:
+        raise NotImplementedError(
+            f"rbln mode {asked!r} is not supported: the virtual NPU has no compile-only mode "
+            f"(compiling into the cache without running); a graph compiles at its first call. "
+            f"Remove 'mode' from the options, and call the compiled function to compile it.")
     n = options.get("devices", options.get("num_devices", options.get("tensor_parallel_size", 1)))
     if n != 1:
         raise NotImplementedError(f"a graph over {n} devices; torch-rbln runs graphs on one device")
@@ -199,7 +210,7 @@ def rbln_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
     """Dynamo backend: compile ``gm`` for the rbln device (inference and training)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    _check_options(options)
+    _check_options(options, mode)
     cid = torch._guards.CompileContext.current_compile_id()
     name = str(cid) if cid is not None else ""
     device = _target_device(example_inputs)

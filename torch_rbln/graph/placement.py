@@ -1,12 +1,8 @@
 """Where each node of an aten graph runs: the same decision rules as eager ops.
 
 A node is placed on the device when eager would run it there: its op has an entry in the device
-op table (``dispatch/optable.py``) and it passes the pre-dispatch checks that depend on what a
-graph knows at compile time (dtype catalog, all-scalar operands, the 64-alignment and
-div-rounding rules). The data-dependent checks (NaN/Inf scan, storage offset) and the
-thread-state checks (trace, dispatch mode, reentrancy) have no meaning for a compiled graph and
-are not applied. The alignment rule applies to static extents only (a dynamic extent would
-otherwise specialise the graph).
+op table (``dispatch/optable.py``) and it passes the rules a graph can decide
+(``dispatch/rules.py``: the op's gate and ``GRAPH_RULES``).
 
 Everything else runs on the host and carries the reason eager would report; an op without a
 device kernel has the reason ``no-device-kernel``. Metadata ops (views), copies, dtype
@@ -21,10 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from ..dispatch import checks
-from ..dispatch.device_op import GATES
-from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry
-from ..runtime import lowering
+from ..dispatch import rules
+from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry, overload
+from ..runtime import executors
 
 NO_KERNEL = "no-device-kernel"
 
@@ -43,15 +38,10 @@ class Placement:
     where: str              # "device", "host", "free", or "cpu" (CPU tensors only: not ours)
     op: str = ""            # the name reports use (the eager kernel's, e.g. ``aten::mul.out``)
     reason: str = ""        # why a host node is not on the device
-    kernel: str = ""        # a custom program body (``runtime/lowering.py``), on either side
+    kernel: str = ""        # a custom program body (``runtime/executors.py``), on either side
 
 
 FREE = Placement("free")
-
-
-def _overload(name: str):
-    packet, _, ov = name.partition(".")
-    return getattr(getattr(aten, packet), ov or "default")
 
 
 def _entries_by_fn() -> dict:
@@ -60,7 +50,7 @@ def _entries_by_fn() -> dict:
     table: dict = {}
     for e in DEVICE_OPS:
         for name in (e.fn, *e.aliases):
-            fn = _overload(name)
+            fn = overload(name)
             if fn not in table or e.name == name:
                 table[fn] = e
         packet, _, ov = e.fn.partition(".")
@@ -73,22 +63,19 @@ def _entries_by_fn() -> dict:
 
 _BY_FN = _entries_by_fn()
 # data movement the device's copy engine runs natively, any dtype, no checks
-_NATIVE = frozenset(_overload(n).overloadpacket for n in NATIVE_OPS)
+_NATIVE = frozenset(overload(n).overloadpacket for n in NATIVE_OPS)
 
 
 def _val(a):
     return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
 
 
-def _tensor_args(node: torch.fx.Node, operands: tuple = ()):
-    """(position, fake value) of the tensors passed directly as positional arguments (only
-    those at ``operands`` when given)."""
-    for i, a in enumerate(node.args):
-        if operands and i not in operands:
-            continue
+def _tensor_args(node: torch.fx.Node):
+    """The traced values of the tensors passed directly as positional arguments."""
+    for a in node.args:
         v = _val(a)
         if isinstance(v, torch.Tensor):
-            yield i, v
+            yield v
 
 
 def _is_factory(op: torch._ops.OpOverload) -> bool:
@@ -97,47 +84,14 @@ def _is_factory(op: torch._ops.OpOverload) -> bool:
 
 
 def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
-    """The eager pre-dispatch checks a graph can decide; the reason code or None."""
-    gate = GATES.get(entry.name)
-    if gate is not None:
-        args = torch.fx.node.map_aggregate(node.args, _val)
-        kwargs = torch.fx.node.map_aggregate(node.kwargs, _val)
-        reason = gate(args, kwargs)
-        if reason is not None:
-            return reason
-    tensors, dtype_tensors = [], []
-    for i, v in _tensor_args(node, entry.operands):
-        if v.device.type != "rbln" and v.dim() == 0:
-            continue                      # a CPU 0-dim tensor is a scalar operand
-        tensors.append(v)
-        if i not in entry.skip_dtype:
-            dtype_tensors.append(v)
-    if dtype_tensors:
-        d0 = dtype_tensors[0].dtype
-        if d0 not in checks.DISPATCH_DTYPES or any(t.dtype is not d0 for t in dtype_tensors):
-            return "dtype-not-fp16"
-    if tensors and all(t.dim() == 0 for t in tensors):
-        return "all-scalar inputs"
-    if entry.align64:
-        for t in tensors:
-            if t.dim() and not _aligned(t.shape[-1]) and t.dtype not in checks.STRICT_DTYPES:
-                return "last-dim-not-64-aligned"
-    if entry.name == "div.out_mode" and node.kwargs.get("rounding_mode") in ("trunc", "floor"):
-        if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors):
-            return "div-rounding-fp16"
-    return None
-
-
-def _aligned(extent) -> bool:
-    # A dynamic extent (dynamic=True) is served by the device program whatever it becomes: the
-    # rule is a performance rule, and deciding it would specialise the graph on the extent.
-    if isinstance(extent, torch.SymInt):
-        return True
-    return extent % 64 == 0
+    """The eager rules a graph can decide (``rules.GRAPH_RULES``); the reason code or None."""
+    args = torch.fx.node.map_aggregate(node.args, _val)
+    kwargs = torch.fx.node.map_aggregate(node.kwargs, _val)
+    return rules.graph_reason(entry, node.target, args, kwargs)
 
 
 def _touches_rbln(node: torch.fx.Node) -> bool:
-    vals = [v for _, v in _tensor_args(node)]
+    vals = list(_tensor_args(node))
     out = node.meta.get("val")
     vals.extend(out if isinstance(out, (tuple, list)) else (out,))
     return any(isinstance(v, torch.Tensor) and v.device.type == "rbln" for v in vals)
@@ -159,7 +113,7 @@ def place(node: torch.fx.Node) -> Placement:
     if entry is None:
         return Placement("host", target.name(), NO_KERNEL)
     op = "aten::" + entry.name
-    kernel = entry.kernel if entry.kernel in lowering.CUSTOM else ""
+    kernel = entry.kernel if entry.kernel in executors.CUSTOM else ""
     reason = _check(entry, node)
     if reason is not None:
         return Placement("host", op, reason, kernel)

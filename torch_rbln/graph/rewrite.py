@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..runtime import lowering
+from ..runtime import executors
 
 _CPU = torch.device("cpu")
 
@@ -26,12 +26,12 @@ def to_cpu_devices(gm: torch.fx.GraphModule) -> None:
 
 
 def use_custom_kernels(gm: torch.fx.GraphModule, placed: dict) -> None:
-    """Ops whose program body is written out in ``runtime/lowering.py`` (attention,
+    """Ops whose program body is written out in ``runtime/executors.py`` (attention,
     ``linear_backward``) have no CPU kernel: both sides run that body, as eager does."""
     for n in gm.graph.nodes:
         p = placed.get(n.name)
         if n.op == "call_function" and p is not None and p.kernel:
-            n.target = _with_layouts(lowering.CUSTOM[p.kernel], n.meta.get("val"))
+            n.target = _with_layouts(executors.CUSTOM[p.kernel], n.meta.get("val"))
     gm.recompile()
 
 

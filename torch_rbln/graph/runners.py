@@ -1,6 +1,6 @@
 """Partition runners: one launch on device buffers, or a host run reported like eager fallbacks.
 
-Residency follows the rules of ``runtime/storage.py`` at every crossing:
+Residency follows eager's rules (README, "Device tensors and memory") at every crossing:
 
 * graph inputs are rbln tensors: a device partition reads them on the device (``device_read``:
   an ``h2d`` push only if the host holds the latest data), a host partition on the host
@@ -19,6 +19,7 @@ import time
 import torch
 
 from .. import events
+from ..dispatch.layout import spans_storage
 from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, new_tensor, state_of,
                                storage_nbytes, wrap_host)
 from .placement import NO_KERNEL, Placement
@@ -26,11 +27,6 @@ from .placement import NO_KERNEL, Placement
 _record = events.record
 _perf_ns = time.perf_counter_ns
 _as_strided = torch.ops.aten.as_strided.default._handle
-
-
-def _owns_storage(t: torch.Tensor) -> bool:
-    return (t.storage_offset() == 0 and t.untyped_storage().nbytes()
-            == storage_nbytes(t.size(), t.stride(), t.element_size()))
 
 
 class Staged:
@@ -150,7 +146,7 @@ class Results(torch.nn.Module):
         self.index = index
 
     def _materialize(self, s: Staged) -> torch.Tensor:
-        o = s.t if _owns_storage(s.t) else s.t.clone(memory_format=torch.contiguous_format)
+        o = s.t if spans_storage(s.t) else s.t.clone(memory_format=torch.contiguous_format)
         if s.on_device:
             t = new_tensor(tuple(o.size()), tuple(o.stride()), o.dtype, self.index)
             b = state_of(t)

@@ -9,7 +9,7 @@ Compiling one op instance means:
    :class:`CompileError` (the ``compile_error`` fallback category);
 3. *build* a :class:`Program` specialised to the cache key (see ``dispatch/device_op.py``): the
    output's shape, dtype and strides are fixed from the meta trace, scalars are baked in, and
-   the executor (``runtime/lowering.py``) picks the kernel form for that key.
+   the executor (``runtime/executors.py``) picks the kernel form for that key.
 
 The cache lives in the process only. ``torch.rbln.empty_cache()`` and ``torch._dynamo.reset()``
 drop it (the latter through a patch in ``torch_rbln/patches.py``).
@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import events
+from . import caches
 
 _record = events.record
 
@@ -57,6 +60,7 @@ NPU_PRIMITIVES = frozenset({
 _POW_EXPONENTS = frozenset({-2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 3.0, 4.0})
 
 
+@dataclass(slots=True, eq=False)
 class Program:
     """A compiled op instance.
 
@@ -64,15 +68,12 @@ class Program:
     numerics and returns the result; ``out_meta`` describes that result (shape, dtype, stride
     per output) as the trace fixed it."""
 
-    __slots__ = ("op", "key", "primitives", "out_meta", "run", "compile_ns")
-
-    def __init__(self, op: str, key, primitives: tuple, out_meta, run, compile_ns: int = 0):
-        self.op = op
-        self.key = key
-        self.primitives = primitives
-        self.out_meta = out_meta
-        self.run = run
-        self.compile_ns = compile_ns
+    op: str
+    key: Any
+    primitives: tuple
+    out_meta: Any
+    run: Callable
+    compile_ns: int = 0
 
     def __repr__(self):
         return f"Program({self.op}, prims={list(self.primitives)})"
@@ -82,10 +83,7 @@ _cache: dict = {}
 _lock = threading.Lock()
 
 
-def lookup(key):
-    return _cache.get(key)
-
-
+@caches.register
 def clear_cache() -> None:
     with _lock:
         _cache.clear()

@@ -10,16 +10,19 @@ Two things are read from the environment, at two different times:
   tensor, ``synchronize()``) *commits* it; after that the variables are no longer read.
 
 Nothing here imports torch, so ``python -m torch_rbln.diagnose`` can plan the mapping on a
-machine where ``import torch`` fails.
+machine where ``import torch`` fails. README: "Several devices".
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from dataclasses import dataclass
 
 from .. import config
+
+_log = logging.getLogger("torch_rbln")
 
 # Emulated NPU models: name -> (memory per NPU in bytes, chiplets per NPU)
 NPU_MODELS = {
@@ -154,8 +157,8 @@ def commit() -> Plan:
             _committed = p
             if _native is not None:
                 _native._commit_device_count(len(p.groups))
-            from .. import log
-            log.on_mapping_committed(p)
+            if _log.isEnabledFor(logging.DEBUG):
+                _log.debug("Device configuration complete:\n%s", summary_text(p))
         return _committed
 
 

@@ -12,18 +12,8 @@ module is its Python face. ``state_of(t)`` gives the :class:`StorageState` of ``
 * ``finite_dtype``: the dtype as which the NaN/Inf scan found the whole storage finite (cleared
   by every write), so unchanged weights are scanned once.
 
-Transitions (and the events they record):
-
-=================  =========================================  ================================
-access             from                                       to
-=================  =========================================  ================================
-device read        HOST: ``h2d`` push of the whole storage    SYNCED
-device write       HOST: push first unless the whole storage   DEVICE
-                   is overwritten
-host read          DEVICE: physical ``d2h`` of the storage     SYNCED
-host write         DEVICE: ``d2h`` first unless the whole      HOST
-                   storage is overwritten
-=================  =========================================  ================================
+The transitions between the states, and the transfers they record, are the README's residency
+table (section "Device tensors and memory").
 
 The state lives exactly as long as the storage: the data pointer's deleter returns the device
 block to the arena and the host memory to the pool.

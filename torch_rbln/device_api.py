@@ -1,4 +1,5 @@
-"""torch.rbln device management: counts, selection, properties, topology."""
+"""torch.rbln device management: counts, selection, properties, topology (README "torch.rbln
+API" and "Several devices")."""
 
 from __future__ import annotations
 

@@ -11,6 +11,8 @@
   it would leave autograd without a formula. With autograd recording, the op runs through a
   Function whose backward is the device's ``aten::linear_backward``; otherwise (no_grad, or no
   input requiring grad) it goes straight to the device kernel.
+
+README: "Pre-dispatch checks" (the SDPA gate) and "Autograd".
 """
 
 from __future__ import annotations

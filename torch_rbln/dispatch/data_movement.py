@@ -1,4 +1,4 @@
-"""Native data-movement kernels: the device's copy engine, no compiler involved.
+"""Data-movement kernels (the op table's ``NATIVE_OPS``): the device's copy engine, no compiler.
 
 ``cat``, ``index_select``, ``index_copy``, ``repeat_interleave``, ``arange``, ``clone``,
 ``fill_`` and ``zero_`` move or set bytes; they work for any dtype, skip the pre-dispatch
@@ -12,6 +12,7 @@ copies are accounted as the runtime's ``v2v_multi`` / ``v2v`` primitives.
 A batched copy the runtime cannot plan (sources of different dtypes, or a CPU tensor among
 rbln ones) falls back to a CPU op: ``bounce strided_v2v_cpu_fallback``, a WARNING, and with
 ``TORCH_RBLN_DISABLE_FALLBACK=strided_copy_error`` (read at each check) the error instead.
+README: "Eager execution" (the routes table).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch
 from .. import config, events
 from ..runtime import devices
 from ..runtime.storage import DEVICE, HOST, device_input, host_input, state_of
-from . import device_op, fallback
-from .copy import covers
+from . import fallback, results
+from .layout import spans_storage
 
 _record = events.record
 _perf_ns = time.perf_counter_ns
@@ -50,14 +51,16 @@ def _on_device(tensors) -> bool:
 
 
 def _dev(t):
+    """``t`` as a CPU tensor over its device buffer (pushed first if host-latest)."""
     return device_input(t) if _rbln(t) else t
 
 
 def _host(t):
+    """``t`` as a CPU tensor over its host view (pulled first if device-latest)."""
     return host_input(t) if _rbln(t) else t
 
 
-def _run(name, compute, sources, out, index, primitive="v2v_multi"):
+def _run(compute, sources, out, index, primitive="v2v_multi"):
     """``compute(view)`` on the side the sources' data is, delivered into ``out`` (or new)."""
     for t in sources:
         if _rbln(t) and t.device.index != index:
@@ -65,10 +68,10 @@ def _run(name, compute, sources, out, index, primitive="v2v_multi"):
     if _on_device(sources):
         t0 = _perf_ns()
         res = compute(_dev)
-        res = device_op._deliver_device(res, out, index)
+        res = results.deliver_device(res, out, index)
         _record("runtime", primitive, _perf_ns() - t0)
         return res
-    return device_op._deliver_host(compute(_host), out, index)
+    return results.deliver_host(compute(_host), out, index)
 
 
 def _strided_fallback(op, args, kwargs, why: str, nbytes: int):
@@ -106,7 +109,7 @@ def _cat(ts, dim, out, dtype):
         op = torch.ops.aten.cat.out if out is not None else torch.ops.aten.cat.default
         return _strided_fallback(op, (ts, dim), {"out": out} if out is not None else {}, why,
                                  _nbytes(ts))
-    return _run("cat", lambda v: torch.cat([v(t) for t in ts], dim), srcs, out,
+    return _run(lambda v: torch.cat([v(t) for t in ts], dim), srcs, out,
                 _index(ts, out))
 
 
@@ -126,12 +129,12 @@ def index_select_out(self, dim, index, *, out):
     if not _rbln(self):
         return fallback.run_on_cpu(torch.ops.aten.index_select.out, (self, dim, index),
                                    {"out": out})
-    return _run("index_select", lambda v: torch.index_select(v(self), dim, v(index)),
+    return _run(lambda v: torch.index_select(v(self), dim, v(index)),
                 [self], out, self.device.index)
 
 
 def index_select(self, dim, index):
-    return _run("index_select", lambda v: torch.index_select(v(self), dim, v(index)),
+    return _run(lambda v: torch.index_select(v(self), dim, v(index)),
                 [self], None, self.device.index)
 
 
@@ -139,7 +142,7 @@ def index_copy_out(self, dim, index, source, *, out):
     if not (_rbln(self) and _rbln(source)) or source.dtype != self.dtype:
         return _strided_fallback(torch.ops.aten.index_copy.out, (self, dim, index, source),
                                  {"out": out}, "source dtype differs from self", _nbytes([source]))
-    return _run("index_copy", lambda v: torch.index_copy(v(self), dim, v(index), v(source)),
+    return _run(lambda v: torch.index_copy(v(self), dim, v(index), v(source)),
                 [self, source], out, self.device.index)
 
 
@@ -148,13 +151,12 @@ def index_copy_(self, dim, index, source):
 
 
 def repeat_interleave_tensor(repeats, *, output_size=None):
-    return _run("repeat_interleave",
-                lambda v: torch.repeat_interleave(v(repeats), output_size=output_size),
+    return _run(lambda v: torch.repeat_interleave(v(repeats), output_size=output_size),
                 [repeats], None, repeats.device.index)
 
 
 def arange_start_out(start, end, step=1, *, out):
-    return _run("arange", lambda v: torch.arange(start, end, step, dtype=out.dtype),
+    return _run(lambda v: torch.arange(start, end, step, dtype=out.dtype),
                 [out], out, out.device.index, primitive="v2v")
 
 
@@ -163,7 +165,7 @@ def clone(self, *, memory_format=None):
     if self.numel() == 0:
         return torch.empty_strided(self.shape, self.stride(), dtype=self.dtype,
                                    device=self.device)
-    return _run("clone", lambda v: v(self).clone(memory_format=mf), [self], None,
+    return _run(lambda v: v(self).clone(memory_format=mf), [self], None,
                 self.device.index, primitive="v2v")
 
 
@@ -172,7 +174,7 @@ def _fill(self, value):
     if self.numel() == 0:
         return self
     state = state_of(self)
-    whole = covers(self, state)
+    whole = spans_storage(self, state.nbytes)
     if state.residency == DEVICE:
         state.device_write(whole=whole)
         state.device_alias(self).fill_(value)
