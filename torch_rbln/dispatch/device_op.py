@@ -293,10 +293,6 @@ def sdpa_unsupported(q, k, v, attn_bias) -> str | None:
 def _sdpa_gate(args, kwargs):
     q, k, v = args[:3]
     bias = args[3] if len(args) > 3 else kwargs.get("attn_bias")
-    dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-    if dropout and torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, bias)):
-        raise NotImplementedError("RBLN SDPA does not support dropout_p > 0 with autograd")
     why = sdpa_unsupported(q, k, v, bias)
     return None if why is None else f"sdpa: {why}"
 
@@ -312,10 +308,67 @@ GATES = {
 }
 
 
+# -------------------------------------------------------------------------------------------
+# attention dropout: the mask is a program input drawn from the device's generator
+
+_SDPA = "_scaled_dot_product_fused_attention_overrideable"
+_SDPA_BACKWARD = _SDPA + "_backward"
+# where ``dropout_p`` sits in each attention op's arguments
+_DROPOUT_AT = {_SDPA: 4, _SDPA_BACKWARD: 12}
+
+
+def attention_dropout_p(name: str, args, kwargs) -> float:
+    """``dropout_p`` of a call of the attention op ``name`` (0.0 for any other op)."""
+    i = _DROPOUT_AT.get(name)
+    if i is None:
+        return 0.0
+    return args[i] if len(args) > i else kwargs.get("dropout_p", 0.0)
+
+
+def _dropout_seed(index: int) -> int:
+    """One draw from rbln:index's generator: the seed of one attention dropout mask (so
+    ``torch.rbln.manual_seed`` / ``torch.manual_seed`` make the masks repeat)."""
+    gen = fallback.device_generator(index)
+    return int(torch.empty((), dtype=torch.int64).random_(generator=gen))
+
+
+def with_attention_dropout(name: str, fn, index: int | None = None):
+    """``fn`` (an attention op's kernel or program body) given its dropout mask when
+    ``dropout_p > 0``; with ``dropout_p == 0`` the call goes straight through.
+
+    The forward draws a seed from the generator of rbln:``index`` (the device of ``q`` when
+    None), builds the mask from it (``lowering.dropout_keep``) and returns the seed as the
+    op's ``philox_seed``; the backward rebuilds the same mask from that seed, as CUDA's
+    attention kernels do with their Philox state."""
+    forward = name == _SDPA
+
+    def run(*args, **kwargs):
+        p = attention_dropout_p(name, args, kwargs)
+        if not p:
+            return fn(*args, **kwargs)
+        q, k = (args[0], args[1]) if forward else (args[1], args[2])
+        shape = (*q.shape[:-1], k.shape[-2])
+        if forward:
+            seed = _dropout_seed(q.device.index if index is None else index)
+        else:
+            seed = int(args[14] if len(args) > 14 else kwargs["philox_seed"])
+        res = fn(*args, dropout_mask=lowering.dropout_keep(seed, shape, p), **kwargs)
+        if not forward:
+            return res
+        res = list(res)
+        res[6] = torch.tensor(seed, dtype=torch.int64, device=res[0].device)
+        res[7] = torch.zeros((), dtype=torch.int64, device=res[0].device)
+        return tuple(res)
+
+    run.__name__ = getattr(fn, "__name__", name)
+    return run
+
+
 def kernels() -> dict:
     from .optable import DEVICE_OPS
     out = {}
     for e in DEVICE_OPS:
         for name in (e.name, *e.aliases):
-            out[name] = make_kernel(e, name)
+            k = make_kernel(e, name)
+            out[name] = with_attention_dropout(e.name, k) if e.name in _DROPOUT_AT else k
     return out

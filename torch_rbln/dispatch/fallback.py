@@ -10,6 +10,8 @@ host view is the CPU result's memory).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .. import config, events
@@ -85,15 +87,46 @@ def _sync_back(t: torch.Tensor, ctx: _Ctx) -> None:
     buf.host_write(whole=False)
 
 
+def device_generator(index: int) -> torch.Generator:
+    """The generator of rbln:index: every random draw for its tensors comes from it."""
+    from ..random import default_generator
+    return default_generator(index)
+
+
 _GEN_OPS: dict = {}
+_GENERATOR, _GLOBAL_RNG = 1, 2
 
 
-def _wants_generator(op, kwargs) -> bool:
-    """RNG ops without an explicit generator draw from the rbln device's generator."""
-    has = _GEN_OPS.get(op)
-    if has is None:
-        has = _GEN_OPS[op] = any(a.name == "generator" and a.kwarg_only for a in op._schema.arguments)
-    return has and kwargs.get("generator") is None
+def _rng_use(op) -> int:
+    """How ``op`` draws random numbers: through a ``generator`` argument, from the global CPU
+    generator (a random op without that argument, e.g. ``native_dropout``), or not at all."""
+    use = _GEN_OPS.get(op)
+    if use is None:
+        if any(a.name == "generator" and a.kwarg_only for a in op._schema.arguments):
+            use = _GENERATOR
+        elif torch.Tag.nondeterministic_seeded in op.tags:
+            use = _GLOBAL_RNG
+        else:
+            use = 0
+        _GEN_OPS[op] = use
+    return use
+
+
+_rng_lock = threading.Lock()
+
+
+def _run_with_device_rng(index: int, fn):
+    """``fn()`` with the global CPU generator standing in for rbln:index's: its state goes in
+    before and comes back out after, so the op draws exactly what the device generator holds."""
+    cpu, dev = torch.random.default_generator, device_generator(index)
+    with _rng_lock:
+        saved = cpu.get_state()
+        cpu.set_state(dev.get_state())
+        try:
+            return fn()
+        finally:
+            dev.set_state(cpu.get_state())
+            cpu.set_state(saved)
 
 
 def _to_rbln(x, ctx: _Ctx):
@@ -151,9 +184,9 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     outs = _out_names(op) if kwargs else ()
     cpu_kwargs = {k: (_fresh_out(v, ctx) if k in outs else _to_cpu(v, ctx))
                   for k, v in kwargs.items()} if kwargs else {}
-    if _wants_generator(op, kwargs):
-        from ..random import default_generator
-        cpu_kwargs["generator"] = default_generator(ctx.index if ctx.index is not None else devices.current())
+    rng = _rng_use(op)
+    if rng == _GENERATOR and kwargs.get("generator") is None:
+        cpu_kwargs["generator"] = device_generator(ctx.index if ctx.index is not None else devices.current())
     name = op.name()
     if name in _HOST_TWIN:
         out = _run_twin(name, cpu_args, cpu_kwargs)
@@ -161,6 +194,9 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
         # a wrapped Python scalar reached us as a plain number: let the overload packet pick
         # the Scalar overload, which gives it the same (wrapped-number) type promotion
         out = op.overloadpacket(*cpu_args, **cpu_kwargs)
+    elif rng == _GLOBAL_RNG:
+        out = _run_with_device_rng(ctx.index if ctx.index is not None else devices.current(),
+                                   lambda: op(*cpu_args, **cpu_kwargs))
     else:
         out = op(*cpu_args, **cpu_kwargs)
     if op._schema.is_mutable:

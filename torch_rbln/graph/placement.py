@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from ..dispatch import checks
-from ..dispatch.device_op import GATES
+from ..dispatch.device_op import GATES, attention_dropout_p
 from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry
 from ..runtime import lowering
 
@@ -105,6 +105,9 @@ def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
         reason = gate(args, kwargs)
         if reason is not None:
             return reason
+        if attention_dropout_p(entry.name, args, kwargs):
+            # a fused program would draw its dropout mask once, when it is compiled
+            return "sdpa: dropout in a graph"
     tensors, dtype_tensors = [], []
     for i, v in _tensor_args(node, entry.operands):
         if v.device.type != "rbln" and v.dim() == 0:
