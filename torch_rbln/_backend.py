@@ -45,6 +45,9 @@ def setup() -> None:
             aten.impl(name, fn, "PrivateUse1")
     for name, fn in special.AUTOGRAD_KERNELS.items():
         aten.impl(name, fn, "AutogradPrivateUse1")
+    for name in copy.MATH_BIT_PASSTHROUGH:
+        for key in ("Conjugate", "Negative"):
+            aten.impl(name, torch.library.fallthrough_kernel, key)
     compiler.install_dynamo_reset_hook()
     catch_all = torch.library.Library("_", "IMPL")
     _libs.append(catch_all)
