@@ -147,8 +147,10 @@ def _to_rbln(x, ctx: _Ctx):
             # a view of an rbln input: the same view on the rbln storage, with the same lazy
             # conjugate / negative bits, so that writes through it reach the input
             v = _as_strided.redispatch_boxed(CPU_KEYSET, owner, x.size(), x.stride(), x.storage_offset())
-            torch._C._set_conj(v, x.is_conj())
-            torch._C._set_neg(v, x.is_neg())
+            if v.is_conj() != x.is_conj():
+                v = v.conj()
+            if v.is_neg() != x.is_neg():
+                v = v._neg_view()
             return v
         if x.is_conj() or x.is_neg():
             # a fresh result with a lazy bit: materialise it (it aliases nothing of ours)
@@ -341,4 +343,4 @@ def host_kernels() -> dict:
 def configure() -> None:
     """Read ``TORCH_RBLN_DISABLE_FALLBACK`` for the ``unsupported_op`` category (fixed at load)."""
     global _unsupported_disabled
-    _unsupported_disabled = "unsupported_op" in config.parse("TORCH_RBLN_DISABLE_FALLBACK")
+    _unsupported_disabled = "unsupported_op" in config.latched("TORCH_RBLN_DISABLE_FALLBACK")
