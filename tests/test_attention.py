@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_rbln import events
+from test_ops import Events
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 IDS = ["fp16", "bf16", "fp32"]
@@ -22,20 +22,6 @@ TOL = {torch.float16: dict(atol=1e-2, rtol=1e-2), torch.bfloat16: dict(atol=5e-2
        torch.float32: dict(atol=1e-4, rtol=1e-4)}
 SDPA = "aten::_scaled_dot_product_fused_attention_overrideable"
 _math = torch.ops.aten._scaled_dot_product_attention_math
-
-
-class Events:
-    def __enter__(self):
-        self._before = events.snapshot()
-        return self
-
-    def __exit__(self, *exc):
-        self.after = events.snapshot()
-
-    def count(self, kind, key=None) -> int:
-        a, b = self.after[kind], self._before[kind]
-        keys = [key] if key is not None else a.keys()
-        return sum(a.get(k, [0, 0])[0] - b.get(k, [0, 0])[0] for k in keys)
 
 
 def _qkv(shape_q, shape_kv, dtype):
