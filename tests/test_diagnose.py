@@ -56,6 +56,7 @@ def test_normal_install_reports_ok():
     assert abi[-1] == "  verdict: OK"
     assert "  runtime accepts: 1..1 (min_supported..current)" in abi
     assert re.search(r"private hooks: (\d+) of \1 present", "\n".join(abi))
+    assert block(err, "settings check:") == ["settings check:", "  verdict: OK (0 variable(s) set, all valid)"]
     assert "  RBLN_DEVICES= (not set)" in block(err, "Environment variables (affecting torch-rbln):")
     assert err.rstrip().splitlines()[-1].startswith(f"Python: {sys.executable}")
 
@@ -140,9 +141,7 @@ def test_skip_abi_check():
     assert abi[-1] == ("  >>> check is DISABLED via TORCH_RBLN_SKIP_ABI_CHECK; import will not "
                        "enforce it.")
 
-    r = run_code("import torch", env={"TORCH_RBLN_SKIP_ABI_CHECK": "maybe"})
-    assert r.returncode != 0
-    assert "Invalid TORCH_RBLN_SKIP_ABI_CHECK value `maybe`" in r.stderr
+    # a bad value: test_env.py::test_a_bad_value_never_breaks_import_torch
 
 
 def test_report_when_import_torch_fails(tmp_path):

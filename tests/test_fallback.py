@@ -199,3 +199,38 @@ def test_check_fallbacks_are_not_disabled_by_the_switch():
     r = run_code("import torch\na = torch.ones(64, device='rbln')\nprint((a + a).device)",
                  env={"TORCH_RBLN_DISABLE_FALLBACK": "all"})
     assert r.returncode == 0 and r.stdout.strip() == "rbln:0", r.stderr
+
+
+def _device_resident(x):
+    """``x`` on rbln with its latest data in device memory (a device op's result)."""
+    from torch_rbln.runtime.storage import DEVICE, state_of
+    y = rb(x) * 1
+    assert state_of(y).residency == DEVICE
+    return y
+
+
+@pytest.mark.parametrize("write", ["setitem", "index_put_", "normal_"])
+def test_inplace_fallback_on_device_resident_data_reaches_the_next_device_op(write):
+    x = torch.randn(4, 64).half()
+    y, want = _device_resident(x), x.clone()
+    with Events() as ev:
+        if write == "setitem":
+            mask = x > 0
+            y[rb(mask)] = 2.0
+            want[mask] = 2.0
+        elif write == "index_put_":
+            idx, vals = torch.tensor([0, 2]), torch.full((2, 64), -3.0).half()
+            y.index_put_((rb(idx),), rb(vals))
+            want.index_put_((idx,), vals)
+        else:
+            torch.rbln.manual_seed(1)       # (x came from the CPU generator, seeded alike)
+            y.normal_()
+    if write == "normal_":
+        want = y.cpu()                      # the host view holds the draw
+        assert not torch.equal(want, x)
+    assert ev.count("host_op") >= 1 and ev.count("d2h") >= 1      # read from the device first
+    with Events() as ev:
+        z = y * 1                                                  # the next device op
+    assert ev.count("dispatch", "aten::mul.out") == 1 and ev.count("cpu_fallback") == 0
+    assert ev.count("h2d") == 1                                    # it pushes the written data
+    assert torch.equal(z.cpu(), want) and torch.equal(y.cpu(), want)

@@ -273,3 +273,30 @@ def test_llama_training_step_matches_eager():
     torch.testing.assert_close(_cpu(lc), _cpu(le), **TOL)
     for (name, p), (_, q) in zip(m.named_parameters(), mc.named_parameters()):
         torch.testing.assert_close(_cpu(q), _cpu(p), atol=5e-2, rtol=5e-2, msg=name)
+
+
+@pytest.mark.parametrize("n", [32, 64, 96, 128])
+def test_graph_last_dim_rule_at_its_boundary(n):
+    x = torch.randn(4, n, dtype=torch.float16)
+    compiled = torch.compile(lambda a: a * 3, backend="rbln", dynamic=False)
+    with torch.rbln.capture_programs() as programs:
+        y = compiled(x.to("rbln"))
+    torch.testing.assert_close(_cpu(y), x.float() * 3, **TOL)
+    if n % 64 == 0:
+        assert programs[0].device_partitions == 1 and programs[0].host_ops == ()
+    else:
+        assert programs[0].device_partitions == 0
+        assert programs[0].host_ops == (("aten::mul.out", "last-dim-not-64-aligned"),)
+
+
+def test_graph_last_dim_rule_for_zero_dim_and_one_element_operands():
+    x, s, one = (torch.randn(4, 64, dtype=torch.float16), torch.tensor(2.0, dtype=torch.float16),
+                 torch.randn(1, dtype=torch.float16))
+    compiled = torch.compile(lambda a, b, c: (a * b, c * c), backend="rbln", dynamic=False)
+    with torch.rbln.capture_programs() as programs:
+        y, z = compiled(x.to("rbln"), s.to("rbln"), one.to("rbln"))
+    torch.testing.assert_close(_cpu(y), x.float() * 2, **TOL)
+    torch.testing.assert_close(_cpu(z), one.float() * one.float(), **TOL)
+    # the 0-d operand has no last dimension: a * b is on the device; c * c is not
+    assert programs[0].device_partitions == 1
+    assert programs[0].host_ops == (("aten::mul.out", "last-dim-not-64-aligned"),)

@@ -5,7 +5,8 @@ are run again on rbln tensors (device ops, native copies or the CPU fallback, wh
 dispatcher picks) and the results compared with the CPU's. Default: ``SAMPLES`` samples per
 (op, dtype); ``--runslow`` (or ``TORCH_RBLN_RUNSLOW=1``): every sample.
 
-A mismatch fails unless ``opinfo_known_failures.KNOWN`` lists it with a reason. Each sample runs
+A mismatch fails unless ``opinfo_known_failures.KNOWN`` lists it with a reason; so does a
+warning on rbln where the CPU gives none (e.g. a fallback's resize warning). Each sample runs
 under a time limit, so a hang fails that test instead of the run. At the end of the session
 the pass rate per dtype is printed (and written to ``$TORCH_RBLN_OPINFO_REPORT`` if set).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import warnings
 from collections import defaultdict
 
 import pytest
@@ -157,17 +159,23 @@ def test_opinfo(op, dtype, request):
             finally:
                 signal.alarm(0)
             try:
-                torch.manual_seed(0)
-                expected = op(_to_cpu(sample.input), *_to_cpu(sample.args),
-                              **_to_cpu(sample.kwargs))
+                with warnings.catch_warnings(record=True) as cpu_warnings:
+                    warnings.simplefilter("always")
+                    torch.manual_seed(0)
+                    expected = op(_to_cpu(sample.input), *_to_cpu(sample.args),
+                                  **_to_cpu(sample.kwargs))
             except Exception:
                 continue            # the CPU cannot run this sample: not counted
             ran += 1
             stats["ran"] += 1
             signal.alarm(SAMPLE_TIMEOUT_S)
             try:
-                torch.manual_seed(0)
-                actual = op(sample.input, *sample.args, **sample.kwargs)
+                with warnings.catch_warnings():
+                    # where the CPU warns nothing, rbln must not warn either (a warning the
+                    # CPU gives once may already have been given: then nothing is checked)
+                    warnings.simplefilter("error" if not cpu_warnings else "ignore")
+                    torch.manual_seed(0)
+                    actual = op(sample.input, *sample.args, **sample.kwargs)
                 _compare(actual, expected, dtype, random_op)
             except Exception as e:  # noqa: BLE001 - every failure is reported below
                 failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

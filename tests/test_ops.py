@@ -277,22 +277,30 @@ def _reason(fn) -> list:
             if v[0] != ev._before["cpu_fallback_reason"].get(k, [0])[0]]
 
 
+def _checked(fn, *cpu_args):
+    """The fallback reasons of ``fn`` on the rbln twins of ``cpu_args``; its result must equal
+    the CPU's (the fallback computes right, not only for the counters)."""
+    out = []
+    reasons = _reason(lambda: out.append(fn(*(a.to("rbln") for a in cpu_args))))
+    torch.testing.assert_close(out[0].cpu(), fn(*cpu_args), equal_nan=True, atol=1e-3, rtol=1e-3)
+    return reasons
+
+
 def test_check_reasons():
-    f32 = torch.randn(64).to("rbln")
-    h = _x(64).to("rbln")
-    assert _reason(lambda: f32 + f32) == ["dtype-not-fp16"]
-    assert _reason(lambda: h + f32) == ["dtype-not-fp16"]                       # mixed dtypes
-    s = torch.tensor(1.0, dtype=torch.float16).to("rbln")
-    assert _reason(lambda: s + s) == ["all-scalar inputs"]
-    base = _x(128).to("rbln")
-    assert _reason(lambda: base[64:] + h) == ["storage-offset"]
-    bad = torch.full((64,), float("nan"), dtype=torch.float16).to("rbln")
-    assert _reason(lambda: bad + h) == ["nan/inf input"]
-    odd = _x(4, 48).to("rbln")
-    assert _reason(lambda: odd + odd) == ["last-dim-not-64-aligned"]
-    assert _reason(lambda: torch.div(h, h, rounding_mode="floor")) == ["div-rounding-fp16"]
+    f32, h = torch.randn(64), _x(64)
+    assert _checked(lambda a: a + a, f32) == ["dtype-not-fp16"]
+    assert _checked(lambda a, b: a + b, h, f32) == ["dtype-not-fp16"]            # mixed dtypes
+    s = torch.tensor(1.0, dtype=torch.float16)
+    assert _checked(lambda a: a + a, s) == ["all-scalar inputs"]
+    base = _x(128)
+    assert _checked(lambda a, b: a[64:] + b, base, h) == ["storage-offset"]
+    bad = torch.full((64,), float("nan"), dtype=torch.float16)
+    assert _checked(lambda a, b: a + b, bad, h) == ["nan/inf input"]
+    odd = _x(4, 48)
+    assert _checked(lambda a: a + a, odd) == ["last-dim-not-64-aligned"]
+    assert _checked(lambda a: torch.div(a, a, rounding_mode="floor"), h) == ["div-rounding-fp16"]
     # TensorList arguments are exempt from the 64-alignment rule
-    assert _reason(lambda: torch.cat([odd, odd])) == []
+    assert _checked(lambda a: torch.cat([a, a]), odd) == []
 
 
 def test_fp32_add_has_no_fast_path_but_mul_has():
@@ -358,3 +366,32 @@ def test_dispatch_strict_exempts_a_dtype_from_the_alignment_rule():
     r = run_code(code, env={"TORCH_RBLN_DISPATCH_STRICT": "float16"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[-2] == "[]"
+
+
+# the last-dimension rule at its boundary: multiples of 64 run on the device, others do not
+@pytest.mark.parametrize("n", [32, 64, 96, 128])
+def test_last_dim_rule_at_its_boundary(n):
+    a, b = _x(4, n), _x(4, n)
+    with Events() as ev:
+        got = a.to("rbln") + b.to("rbln")
+    torch.testing.assert_close(got.cpu(), a + b, **TOL[torch.float16])
+    on_device = n % 64 == 0
+    assert ev.count("cpu_fallback", "aten::add.out") == (0 if on_device else 1)
+    assert ev.count("cpu_fallback_reason", "last-dim-not-64-aligned") == (0 if on_device else 1)
+    assert ev.count("dispatch", "aten::add.out") == 1
+
+
+def test_last_dim_rule_for_zero_dim_and_one_element_operands():
+    x, s, one = _x(4, 64), torch.tensor(1.5, dtype=torch.float16), _x(1)
+    with Events() as ev:
+        got = x.to("rbln") + s.to("rbln")               # a 0-d operand has no last dimension
+    torch.testing.assert_close(got.cpu(), x + s, **TOL[torch.float16])
+    assert ev.count("cpu_fallback") == 0 and ev.count("dispatch", "aten::add.out") == 1
+    with Events() as ev:
+        got = one.to("rbln") * one.to("rbln")           # one element: a last dimension of 1
+    torch.testing.assert_close(got.cpu(), one * one, **TOL[torch.float16])
+    assert ev.count("cpu_fallback_reason", "last-dim-not-64-aligned") == 1
+    with Events() as ev:
+        got = x.to("rbln") * one.to("rbln")             # broadcast: the 1-element operand decides
+    torch.testing.assert_close(got.cpu(), x * one, **TOL[torch.float16])
+    assert ev.count("cpu_fallback_reason", "last-dim-not-64-aligned") == 1

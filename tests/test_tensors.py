@@ -60,6 +60,31 @@ def test_random_factories_use_the_rbln_generator():
     assert torch.equal(torch.randn(3, device=D).cpu(), x)
 
 
+def test_random_ops_without_a_generator_argument_use_the_rbln_generator():
+    # native_dropout (behind nn.Dropout) has no generator argument: on the CPU it draws from
+    # the global generator; on rbln from the device's, like every other random op
+    x = torch.ones(1000, device=D)
+    drop = torch.nn.Dropout(0.5)
+    cpu_state = torch.random.get_rng_state()
+
+    def run(seed):
+        torch.rbln.manual_seed(seed)
+        return drop(x).cpu()
+
+    a = run(5)
+    assert torch.equal(torch.random.get_rng_state(), cpu_state)     # the CPU's is untouched
+    torch.random.manual_seed(99)
+    assert torch.equal(run(5), a) and not torch.equal(run(6), a)
+    assert 400 < int((a == 0).sum()) < 600 and set(a.unique().tolist()) == {0.0, 2.0}
+    # the device generator advanced exactly as the CPU's advances for the same op
+    torch.rbln.manual_seed(5)
+    drop(x)
+    g = torch.Generator().manual_seed(5)
+    torch.random.default_generator.set_state(g.get_state())
+    drop(torch.ones(1000))
+    assert torch.equal(torch.rbln.get_rng_state(), torch.random.get_rng_state())
+
+
 def test_to_and_back_and_dtype():
     x = torch.randn(4, 64)
     r = x.to(D)

@@ -39,7 +39,11 @@ def is_diagnose_mode() -> bool:
     if raw is None:
         return False
     from . import config
-    return config.parse("TORCH_RBLN_DIAGNOSE", raw)
+    try:
+        return config.parse("TORCH_RBLN_DIAGNOSE", raw)
+    except config.EnvError as e:
+        config.defer("TORCH_RBLN_DIAGNOSE", e)     # `import torch` still works; first use raises
+        return False
 
 
 def torch_backends_entry_point() -> None:

@@ -44,6 +44,9 @@ def setup() -> None:
             aten.impl(name, fn, "PrivateUse1")
     for name, fn in composites.AUTOGRAD_KERNELS.items():
         aten.impl(name, fn, "AutogradPrivateUse1")
+    for name in copy.MATH_BIT_PASSTHROUGH:
+        for key in ("Conjugate", "Negative"):
+            aten.impl(name, torch.library.fallthrough_kernel, key)
     catch_all = torch.library.Library("_", "IMPL")
     _libs.append(catch_all)
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")

@@ -11,7 +11,8 @@ Each variable has a documented read time (``Var.read_at``, see :data:`READ_TIMES
 
 Malformed values raise :class:`EnvError` (a ``ValueError``) naming the variable and the accepted
 values, at the variable's read time; nothing is silently ignored unless the reference documents
-it (unknown names in ``TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK``). Variables of the reference
+it (unknown names in ``TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK``). A variable read at import never
+breaks ``import torch``: its error is raised by the first rbln use instead (:func:`latched`). Variables of the reference
 that mean nothing on a virtual NPU host are listed in :data:`INERT`; diagnose flags them.
 
 ``docs/env.md`` is generated from this table (``markdown()``); a test keeps them equal.
@@ -184,6 +185,16 @@ def _group_size(name: str, raw: str) -> int:
 
 def _device_map(name: str, raw: str) -> tuple:
     """Parse ``"[0,1],[2,3,4,5]"`` into ((0, 1), (2, 3, 4, 5))."""
+    try:
+        return _parse_device_map(name, raw)
+    except EnvError as e:
+        # the reference's detailed message, then the value and what is accepted
+        raise EnvError(f"{e} (value `{raw}`; expected groups of NPU ids such as "
+                       f"\"[0,1],[2,3,4,5]\", group sizes {', '.join(map(str, GROUP_SIZES))}, "
+                       f"no id twice)") from None
+
+
+def _parse_device_map(name: str, raw: str) -> tuple:
     s, i, groups = raw.strip(), 0, []
     if not s:
         raise EnvError(f"Invalid {name} format: empty value. Expected groups like \"[0,1],[2,3]\"")
@@ -230,7 +241,14 @@ def _npu_name(name: str, raw: str) -> str:
     return v
 
 
-def _text(name: str, raw: str) -> str:
+def _log_path(name: str, raw: str) -> str:
+    folder = os.path.dirname(os.path.abspath(raw)) if raw else ""
+    if not raw or os.path.isdir(raw) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        why = ("it is a directory" if raw and os.path.isdir(raw)
+               else f"the directory {folder} does not exist or is not writable" if raw
+               else "it is empty")
+        raise EnvError(f"Invalid {name} value `{raw}` ({why}), expected a path to a file in a "
+                       f"writable directory")
     return raw
 
 
@@ -249,7 +267,7 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "Log verbosity of the `torch_rbln` logger; CPU-fallback notices are INFO."),
     Var("TORCH_RBLN_LOG", None, _log_level, "import", "same as TORCH_RBLN_LOG_LEVEL",
         "Deprecated alias of TORCH_RBLN_LOG_LEVEL (which wins when both are set)."),
-    Var("TORCH_RBLN_LOG_PATH", None, _text, "import", "a file path",
+    Var("TORCH_RBLN_LOG_PATH", None, _log_path, "import", "a file path in a writable directory",
         "Also write the log to this file."),
     Var("TORCH_RBLN_DIAGNOSE", False, _flag_one, "import", "1",
         "`import torch` skips backend initialisation (diagnose mode)."),
@@ -329,15 +347,47 @@ def live(name: str) -> Any:
 
 
 _latched: dict[str, Any] = {}
+# Bad values of the variables read when the backend loads. The backend loads on every
+# `import torch`, also in scripts that never use rbln, so a bad value must not break the import:
+# the variable keeps its default and the first rbln use raises the error (see check_settings).
+_load_errors: dict[str, EnvError] = {}
 
 
 def latched(name: str) -> Any:
-    """Value read at import/start time and kept for the process lifetime."""
+    """Value read at import/start time and kept for the process lifetime. A malformed value
+    gives the default; its error is raised at the first rbln use."""
     try:
         return _latched[name]
     except KeyError:
-        v = _latched[name] = parse(name)
-        return v
+        pass
+    try:
+        v = parse(name)
+    except EnvError as e:
+        defer(name, e)
+        v = VARS[name].default
+    _latched[name] = v
+    return v
+
+
+def defer(name: str, error: Exception) -> None:
+    """Record ``error`` (a bad value of ``name`` met while the backend loads) for the first rbln
+    use to raise."""
+    _load_errors.setdefault(name, error if isinstance(error, EnvError) else EnvError(str(error)))
+
+
+def check_settings() -> None:
+    """Raise the error of a bad setting: one met while the backend loaded, else a live variable
+    that holds a bad value now. Every device query that plans the devices calls it, so the first
+    rbln use (a tensor on the device) fails with it, as it does for a bad device variable."""
+    if _load_errors:
+        names = ", ".join(_load_errors)
+        raise EnvError("; ".join(str(e) for e in _load_errors.values()) +
+                       f" ({names} {'is' if len(_load_errors) == 1 else 'are'} read when "
+                       f"`import torch` loads the rbln backend: fix or unset, and start the "
+                       f"process again)")
+    for var in VARS.values():
+        if var.read_at == "live":
+            live(var.name)
 
 
 def log_level() -> str:
@@ -345,7 +395,7 @@ def log_level() -> str:
     if os.environ.get("TORCH_RBLN_LOG_LEVEL") is None and os.environ.get("TORCH_RBLN_LOG") is not None:
         warnings.warn("TORCH_RBLN_LOG is deprecated; use TORCH_RBLN_LOG_LEVEL", FutureWarning,
                       stacklevel=2)
-        return latched("TORCH_RBLN_LOG")
+        return latched("TORCH_RBLN_LOG") or VARS["TORCH_RBLN_LOG_LEVEL"].default
     return latched("TORCH_RBLN_LOG_LEVEL")
 
 
@@ -400,7 +450,10 @@ def markdown() -> str:
            "open('docs/env.md', 'w').write(config.markdown())\"`.", "",
            "A malformed value raises an error naming the variable and the accepted values, at "
            "the variable's read time (`device_count()` warns and returns 0 instead, and "
-           "`is_available()` returns False, for the device variables).", "",
+           "`is_available()` returns False, for the device variables). A variable read at "
+           "import never breaks `import torch`: the backend loads with its default, and the "
+           "first rbln use raises the error (as for a bad device variable). "
+           "`python -m torch_rbln.diagnose` reports every bad value as a failed check.", "",
            "| Variable | Default | Values | Read | Meaning |", "|---|---|---|---|---|"]
     for name, default, values, read_at, meaning in describe():
         out.append(f"| `{name}` | {esc(default)} | {esc(values)} | {read_at} | {esc(meaning)} |")

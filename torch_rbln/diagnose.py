@@ -11,6 +11,8 @@ initialised; it imports torch itself only to check it, and prints the whole repo
 * the virtual NPU runtime: NPU model, physical NPUs, the logical mapping, memory per device;
 * ``rebel ABI handshake:`` (:mod:`torch_rbln.abi`) ending in ``verdict: OK`` or
   ``verdict: MISMATCH -- <reason>``;
+* ``settings check:``: each set variable against the values it accepts (``[FAIL]`` lines naming
+  variable, value and what is accepted; ``verdict: OK`` or ``verdict: FAILED -- ...``);
 * the environment variables that affect the backend; the Python interpreter.
 
 README: "Diagnose and environment variables".
@@ -104,7 +106,7 @@ def runtime_section() -> list[str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            p = devices.plan()
+            p = devices.plan(settings=False)      # other variables: settings check
     except Exception as e:
         return out + [f"  device mapping: invalid -- {_err(e)}"]
     out += [f"  visible NPUs: {list(p.visible)}", f"  logical devices: {len(p.groups)}"]
@@ -150,6 +152,28 @@ def abi_section(torch, error) -> list[str]:
     return out
 
 
+def settings_section() -> list[str]:
+    """Every set TORCH_RBLN_* / RBLN_* variable checked against what it accepts: a bad value is
+    a failed check (``import torch`` still works; the first rbln use raises that error)."""
+    from . import config
+    out = ["settings check:"]
+    given = [(name, os.environ[name]) for name in config.VARS if name in os.environ]
+    bad = 0
+    for name, raw in given:
+        try:
+            config.parse(name, raw)
+        except config.EnvError as e:
+            bad += 1
+            out.append(f"  [FAIL] {name}={raw}: {e}")
+    if bad:
+        out.append(f"  verdict: FAILED -- {bad} of {len(given)} variable(s) set hold a value "
+                   f"torch-rbln does not accept; `import torch` works, the first rbln use "
+                   f"raises the error")
+    else:
+        out.append(f"  verdict: OK ({len(given)} variable(s) set, all valid)")
+    return out
+
+
 # variables outside config.VARS that change what gets loaded
 _OTHER_ENV = ("TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH", "PATH")
 
@@ -187,7 +211,7 @@ def collect() -> list[str]:
     lines = ["=== torch-rbln environment diagnostics ===", ""]
     torch, error = import_torch()
     sections = (package_section, lambda: torch_section(torch, error), runtime_section,
-                lambda: abi_section(torch, error), env_section)
+                lambda: abi_section(torch, error), settings_section, env_section)
     for section in sections:
         try:
             lines += section()

@@ -47,10 +47,16 @@ def setup() -> None:
         logger.addHandler(h)
         path = config.latched("TORCH_RBLN_LOG_PATH")
         if path:
-            fh = logging.FileHandler(path)
-            fh.setFormatter(_Formatter())
-            fh._rbln = True
-            logger.addHandler(fh)
+            try:
+                fh = logging.FileHandler(path)
+            except OSError as e:            # `import torch` still works; first use raises
+                config.defer("TORCH_RBLN_LOG_PATH", config.EnvError(
+                    f"Invalid TORCH_RBLN_LOG_PATH value `{path}` ({e.strerror or e}), expected "
+                    f"a path to a file in a writable directory"))
+            else:
+                fh.setFormatter(_Formatter())
+                fh._rbln = True
+                logger.addHandler(fh)
     events.unlisten(_on_event)
     if logger.isEnabledFor(logging.INFO):
         events.listen(_on_event)

@@ -96,6 +96,13 @@ def local_scalar_dense(self: torch.Tensor):
     return host_input(self).item()
 
 
+# Copies into (or from) a conjugate or negative view reach the copy engine with the view's
+# lazy bit, which its host and device aliases carry, so the CPU copy underneath writes the
+# conjugated / negated values into the base. Without these pass-throughs PyTorch's math-bit
+# fallback would hand the engine a resolved *clone* of ``dst`` (``_copy_from`` does not mark
+# ``dst`` as written) and the write would be lost.
+MATH_BIT_PASSTHROUGH = ("_copy_from", "_copy_from_and_resize")
+
 KERNELS = {
     "_copy_from": copy_from,
     "_copy_from_and_resize": copy_from_and_resize,

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 
 import torch
 
 from .. import config, events
+from .. import user_frames
 from ..runtime import devices
 from ..runtime.storage import DEVICE, HOST, device_input, host_input, state_of
-from . import fallback, results
+from . import factories, fallback, results
 from .layout import spans_storage
 
 _record = events.record
@@ -156,8 +158,20 @@ def repeat_interleave_tensor(repeats, *, output_size=None):
 
 
 def arange_start_out(start, end, step=1, *, out):
-    return _run(lambda v: torch.arange(start, end, step, dtype=out.dtype),
-                [out], out, out.device.index, primitive="v2v")
+    res = torch.arange(start, end, step, dtype=out.dtype)
+    if res.numel() == out.numel():
+        # as the CPU kernel: an out= of the right size keeps its shape (and its view's strides)
+        res = res.view(out.shape)
+    else:
+        if out.numel():
+            warnings.warn(
+                f"The number of elements in the out tensor of shape {list(out.shape)} is "
+                f"{out.numel()} which does not match the computed number of elements "
+                f"{res.numel()}. Note that this may occur as a result of rounding error. The out "
+                f"tensor will be resized to a tensor of shape ({res.numel()},).", UserWarning,
+                stacklevel=user_frames.stacklevel())
+        factories.resize_(out, res.shape)
+    return _run(lambda v: res, [out], out, out.device.index, primitive="v2v")
 
 
 def clone(self, *, memory_format=None):

@@ -20,6 +20,7 @@ from .. import config, events
 from ..runtime import compiler, devices, executors
 from ..runtime.storage import device_input, host_input
 from . import checks, fallback, results, rules
+from .attention_dropout import DROPOUT_AT, with_attention_dropout
 from .optable import OpEntry, overload
 
 _record = events.record
@@ -178,5 +179,6 @@ def kernels() -> dict:
     out = {}
     for e in DEVICE_OPS:
         for name in (e.name, *e.aliases):
-            out[name] = make_kernel(e, name)
+            k = make_kernel(e, name)
+            out[name] = with_attention_dropout(e.name, k) if e.name in DROPOUT_AT else k
     return out

@@ -24,6 +24,12 @@ _as_strided = torch.ops.aten.as_strided.default._handle
 # PrivateUse1 entry points that have no CPU kernel: the host runs their generic twin instead.
 _HOST_TWIN = ("aten::convolution_overrideable", "aten::convolution_backward_overrideable")
 
+# Structured functional ops routed to the catch-all as they are, instead of through PyTorch's
+# structured wrapper, which would run the op's checks once on rbln and again inside the CPU's
+# out= kernel: each warning of those checks (indexing with a uint8 mask is deprecated) would
+# then appear twice, where the CPU gives it once.
+_FUNCTIONAL_AS_IS = ("index.Tensor",)
+
 
 class _Ctx:
     __slots__ = ("index", "by_ptr", "aliases", "outs")
@@ -100,37 +106,55 @@ def _generator_slot(op) -> int | None:
     return slot
 
 
+_CPU_DEFAULT: dict = {}
+
+
+def _draws_from_cpu_default(op) -> bool:
+    """A random op without a ``generator`` argument (``native_dropout``, ...): its CPU kernel
+    draws from the CPU default generator, which must stand in for the device's."""
+    v = _CPU_DEFAULT.get(op)
+    if v is None:
+        v = _CPU_DEFAULT[op] = (_generator_slot(op) is None
+                                and torch.Tag.nondeterministic_seeded in op.tags)
+    return v
+
+
 def _index(ctx: _Ctx) -> int:
     return ctx.index if ctx.index is not None else devices.current()
 
 
 def _device_generator(op, args, kwargs, ctx: _Ctx):
-    """RNG ops without an explicit generator draw from the rbln device's generator."""
+    """RNG ops without an explicit generator draw from the rbln device's generator. Returns
+    the arguments and the CPU generator the kernel will draw from (None: no random draw)."""
     slot = _generator_slot(op)
     if slot is None:
-        return args, kwargs
+        return args, kwargs, (generators.default_host(_index(ctx))
+                              if _draws_from_cpu_default(op) else None)
     if slot < len(args):
         if args[slot] is None:
             args = (*args[:slot], generators.default_host(_index(ctx)), *args[slot + 1:])
-    elif kwargs.get("generator") is None:
+        return args, kwargs, args[slot]
+    if kwargs.get("generator") is None:
         kwargs["generator"] = generators.default_host(_index(ctx))
-    return args, kwargs
+    return args, kwargs, kwargs["generator"]
 
 
 def _to_rbln(x, ctx: _Ctx):
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             return x
-        if x.is_conj() or x.is_neg():
-            # lazy conjugate/negative views cannot cross into an rbln tensor: materialise
-            x = x.resolve_conj().resolve_neg()
         for a, r in ctx.outs + ctx.aliases:
             if x is a:
                 return r
         owner = ctx.by_ptr.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
         if owner is not None:
-            # a view of an rbln input: the same view on the rbln storage
+            # a view of an rbln input: the same view on the rbln storage, with the same lazy
+            # conjugate / negative bits, so that writes through it reach the input
             v = _as_strided.redispatch_boxed(CPU_KEYSET, owner, x.size(), x.stride(), x.storage_offset())
+            if v.is_conj() != x.is_conj():
+                v = v.conj()
+            if v.is_neg() != x.is_neg():
+                v = v._neg_view()
             return v
         return wrap_result(x, ctx.index if ctx.index is not None else devices.current())
     if isinstance(x, (list, tuple)):
@@ -147,42 +171,92 @@ def _out_names(op: torch._ops.OpOverload) -> tuple:
 
 
 _OUT_NAMES: dict = {}
+_STRUCTURED: dict = {}
 
 
-def _fresh_out(x, ctx: _Ctx):
+def _structured_out(op: torch._ops.OpOverload) -> bool:
+    """``op`` is the out= form of a structured op (its functional twin's kernel for a backend
+    like ours allocates the outputs and calls ``op``). Its CPU kernel sizes every output itself
+    (resizing as ``resize_output`` does) and writes nothing else of its arguments."""
+    res = _STRUCTURED.get(op)
+    if res is None:
+        outs = _out_names(op)
+        schema = op._schema
+        res = False
+        if outs and not any(isinstance(a.type, torch.ListType) for a in schema.arguments
+                            if a.name in outs) and not any(
+                a.alias_info is not None and a.alias_info.is_write and a.name not in outs
+                for a in schema.arguments):
+            want = [(a.name, str(a.type)) for a in schema.arguments if a.name not in outs]
+            packet = op.overloadpacket
+            for ov in packet.overloads():
+                twin = getattr(packet, ov)
+                if (not twin._schema.is_mutable and want == [
+                        (a.name, str(a.type)) for a in twin._schema.arguments]):
+                    res = torch._C._dispatch_has_kernel_for_dispatch_key(
+                        twin.name(), "CompositeExplicitAutogradNonFunctional")
+                    break
+        _STRUCTURED[op] = res
+    return res
+
+
+def _fresh_out(x, ctx: _Ctx, shaped: bool = True):
     """A CPU stand-in for an ``out=`` rbln tensor: the kernel may resize it freely; the result
-    is copied back (and the rbln tensor resized) afterwards."""
+    is copied back (and the rbln tensor resized) afterwards. ``shaped``: with the rbln tensor's
+    shape and strides (the kernel sees what the caller passed); else with no elements (the
+    kernel sizes it without a word)."""
     if isinstance(x, torch.Tensor) and x.device.type == "rbln":
         if ctx.index is None:
             ctx.index = x.device.index
-        f = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+        f = (torch.empty_strided(x.size(), x.stride(), dtype=x.dtype) if shaped
+             else torch.empty(0, dtype=x.dtype))
         ctx.outs.append((f, x))
         return f
     if isinstance(x, (list, tuple)):
-        return type(x)(_fresh_out(v, ctx) for v in x)
+        return type(x)(_fresh_out(v, ctx, shaped) for v in x)
     return x
 
 
+def _call(op, args, kwargs, index: int):
+    name = op.name()
+    if name in _HOST_TWIN:
+        return _run_twin(name, args, kwargs)
+    if _number_in_tensor_slot(op, args):
+        # a wrapped Python scalar reached us as a plain number: let the overload packet pick
+        # the Scalar overload, which gives it the same (wrapped-number) type promotion
+        return op.overloadpacket(*args, **kwargs)
+    if _draws_from_cpu_default(op):
+        with generators.cpu_default_from(index):
+            return op(*args, **kwargs)
+    return op(*args, **kwargs)
+
+
 def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
-    """Run ``op`` on the host views of its rbln arguments; results come back as rbln tensors."""
+    """Run ``op`` on the host views of its rbln arguments; results come back as rbln tensors.
+
+    ``out=`` arguments are CPU stand-ins, copied into the rbln tensors afterwards (exactly the
+    elements of a view). A structured op gets stand-ins without elements: its out= kernel may
+    warn about resizing an output of the very shape its functional form allocated (``mse_loss``
+    does), which a CPU caller of the functional form never sees. Only when the result's shape
+    differs from an ``out=`` tensor that holds elements does the kernel run again on stand-ins
+    shaped like the caller's, drawing the same random numbers: then its own rule applies
+    (PyTorch's resize warning, or an error)."""
     ctx = _Ctx()
     cpu_args = _to_cpu(args, ctx)
     outs = _out_names(op) if kwargs else ()
-    cpu_kwargs = {k: (_fresh_out(v, ctx) if k in outs else _to_cpu(v, ctx))
+    sized = bool(outs) and _structured_out(op)
+    cpu_kwargs = {k: (_fresh_out(v, ctx, not sized) if k in outs else _to_cpu(v, ctx))
                   for k, v in kwargs.items()} if kwargs else {}
-    cpu_args, cpu_kwargs = _device_generator(op, cpu_args, cpu_kwargs, ctx)
-    name = op.name()
-    if name in generators.DRAW_FROM_CPU_DEFAULT:
-        with generators.cpu_default_from(_index(ctx)):
-            out = op(*cpu_args, **cpu_kwargs)
-    elif name in _HOST_TWIN:
-        out = _run_twin(name, cpu_args, cpu_kwargs)
-    elif _number_in_tensor_slot(op, cpu_args):
-        # a wrapped Python scalar reached us as a plain number: let the overload packet pick
-        # the Scalar overload, which gives it the same (wrapped-number) type promotion
-        out = op.overloadpacket(*cpu_args, **cpu_kwargs)
-    else:
-        out = op(*cpu_args, **cpu_kwargs)
+    cpu_args, cpu_kwargs, gen = _device_generator(op, cpu_args, cpu_kwargs, ctx)
+    index = _index(ctx)
+    state = gen.get_state() if sized and gen is not None else None
+    out = _call(op, cpu_args, cpu_kwargs, index)
+    if sized and any(a.shape != r.shape and r.numel() for a, r in ctx.outs):
+        if state is not None:
+            gen.set_state(state)
+        ctx.outs.clear()
+        cpu_kwargs.update({k: _fresh_out(kwargs[k], ctx) for k in outs if k in kwargs})
+        out = _call(op, cpu_args, cpu_kwargs, index)
     if op._schema.is_mutable:
         _mark_written(op, args, kwargs, ctx)
     return _to_rbln(out, ctx)
@@ -249,10 +323,12 @@ def host_kernels() -> dict:
     for name in _HOST_TWIN:
         n = name.split("::")[1]
         out[n] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(overload(n))
+    for name in _FUNCTIONAL_AS_IS:
+        out[name] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(overload(name))
     return out
 
 
 def configure() -> None:
     """Read ``TORCH_RBLN_DISABLE_FALLBACK`` for the ``unsupported_op`` category (fixed at load)."""
     global _unsupported_disabled
-    _unsupported_disabled = "unsupported_op" in config.parse("TORCH_RBLN_DISABLE_FALLBACK")
+    _unsupported_disabled = "unsupported_op" in config.latched("TORCH_RBLN_DISABLE_FALLBACK")

@@ -236,10 +236,6 @@ def sdpa_unsupported(q, k, v, attn_bias) -> str | None:
 def _sdpa_gate(args, kwargs):
     q, k, v = args[:3]
     bias = args[3] if len(args) > 3 else kwargs.get("attn_bias")
-    dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-    if dropout and torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, bias)):
-        raise NotImplementedError("RBLN SDPA does not support dropout_p > 0 with autograd")
     why = sdpa_unsupported(q, k, v, bias)
     return None if why is None else f"sdpa: {why}"
 

@@ -179,7 +179,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
     device_parts, host_ops = [], []
     for node in gm.graph.find_nodes(op="call_module"):
         sub = getattr(gm, node.target)
-        use_custom_kernels(sub, placed)
+        use_custom_kernels(sub, placed, index)
         rbln_out = _rbln_outputs(sub)
         if node.target in dev_names:
             fakes = [a.meta.get("val") for a in node.args]

@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from ..dispatch import rules
+from ..dispatch.attention_dropout import attention_dropout_p
 from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry, overload
 from ..runtime import executors
 
@@ -87,7 +88,11 @@ def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
     """The eager rules a graph can decide (``rules.GRAPH_RULES``); the reason code or None."""
     args = torch.fx.node.map_aggregate(node.args, _val)
     kwargs = torch.fx.node.map_aggregate(node.kwargs, _val)
-    return rules.graph_reason(entry, node.target, args, kwargs)
+    reason = rules.graph_reason(entry, node.target, args, kwargs)
+    if reason is None and attention_dropout_p(entry.name, args, kwargs):
+        # a fused program would draw its dropout mask once, when it is compiled
+        return "sdpa: dropout in a graph"
+    return reason
 
 
 def _touches_rbln(node: torch.fx.Node) -> bool:

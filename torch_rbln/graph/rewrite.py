@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from ..dispatch.attention_dropout import with_attention_dropout
 from ..runtime import executors
 
 _CPU = torch.device("cpu")
@@ -25,13 +26,16 @@ def to_cpu_devices(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def use_custom_kernels(gm: torch.fx.GraphModule, placed: dict) -> None:
+def use_custom_kernels(gm: torch.fx.GraphModule, placed: dict, index: int) -> None:
     """Ops whose program body is written out in ``runtime/executors.py`` (attention,
-    ``linear_backward``) have no CPU kernel: both sides run that body, as eager does."""
+    ``linear_backward``) have no CPU kernel: both sides run that body, as eager does (attention
+    dropout included: its mask is drawn from rbln:``index``'s generator at each call)."""
     for n in gm.graph.nodes:
         p = placed.get(n.name)
         if n.op == "call_function" and p is not None and p.kernel:
-            n.target = _with_layouts(executors.CUSTOM[p.kernel], n.meta.get("val"))
+            body = with_attention_dropout(p.op.removeprefix("aten::"),
+                                          executors.CUSTOM[p.kernel], index)
+            n.target = _with_layouts(body, n.meta.get("val"))
     gm.recompile()
 
 

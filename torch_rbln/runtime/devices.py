@@ -119,21 +119,24 @@ def _groups(visible: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], tupl
     return tuple(visible[j * k:(j + 1) * k] for j in range(n)), visible[n * k:]
 
 
-def _make_plan() -> Plan:
+def _make_plan(settings: bool = True) -> Plan:
+    if settings:
+        config.check_settings()   # a bad setting of any kind: the first device use says so
     h = host()
     visible = _visible(h)
     groups, unused = _groups(visible)
     return Plan(groups, unused, visible, h.npu_name, h.memory_per_npu, h.chiplets)
 
 
-def plan() -> Plan:
+def plan(settings: bool = True) -> Plan:
     """The mapping as it would be committed now (the committed one once frozen). Raises
-    :class:`~torch_rbln.config.EnvError` or :class:`DeviceConfigError` on a bad configuration."""
+    :class:`~torch_rbln.config.EnvError` or :class:`DeviceConfigError` on a bad configuration
+    (with ``settings``, also on a bad value of any other variable: no device is usable then)."""
     p = _committed
     if p is not None:
         return p
     with _lock:
-        return _committed or _make_plan()
+        return _committed or _make_plan(settings)
 
 
 def visible() -> tuple[int, ...]:

@@ -94,17 +94,40 @@ def _sum_heads(g, hk):
     return g.unflatten(-3, (hk, h // hk)).sum(-3)
 
 
+def _safe_softmax(s, lse):
+    """Attention weights ``softmax(s)`` in which a row whose logits are all ``-inf`` (a query
+    that may attend to no key: a fully masked row) is zeros instead of NaN, as PyTorch's own
+    attention (``aten::_safe_softmax``) defines it. ``lse`` is the row's logsumexp, ``-inf``
+    exactly for such rows (a row holding a NaN stays NaN, as there)."""
+    return torch.softmax(s, -1).masked_fill(lse.unsqueeze(-1).eq(float("-inf")), 0.0)
+
+
+def dropout_keep(seed: int, shape, p: float) -> torch.Tensor:
+    """The attention dropout mask drawn from ``seed``: True where a weight is kept (probability
+    ``1 - p``). The same seed gives the same mask, so the backward rebuilds the forward's."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, generator=g) >= p
+
+
+def _dropout_scale(p: float) -> float:
+    # every weight is dropped at p == 1: the output is zeros, as the reference's dropout gives
+    return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+
+
 def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
-                 return_debug_mask=False, *, scale=None):
+                 return_debug_mask=False, *, scale=None, dropout_mask=None):
+    """Attention forward. With ``dropout_p > 0`` the weights where ``dropout_mask`` is False are
+    dropped and ``v`` is scaled by ``1 / (1 - p)``: PyTorch's math attention given that mask."""
     dtype = q.dtype
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     s = _scores(q.to(_f32), k.to(_f32), attn_bias, is_causal, sc)
     lse = torch.logsumexp(s, -1)
-    w = torch.softmax(s, -1)
-    # a fully masked row gives NaN in softmax; the math backend does the same
+    w = _safe_softmax(s, lse)
+    vr = _repeat_kv(v.to(_f32), q.shape[-3])
     if dropout_p > 0.0:
-        w = torch.nn.functional.dropout(w, dropout_p)
-    out = _bmm(w, _repeat_kv(v.to(_f32), q.shape[-3])).to(dtype)
+        w = w.masked_fill(dropout_mask.logical_not(), 0.0)
+        vr = vr * _dropout_scale(dropout_p)
+    out = _bmm(w, vr).to(dtype)
     B, H, L = q.shape[0], q.shape[1], q.shape[2]
     S = k.shape[-2]
     debug = w.to(dtype) if return_debug_mask else torch.empty(0, dtype=dtype)
@@ -125,15 +148,23 @@ def _reduce_to(g, shape):
 
 def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
                   cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
-                  *, scale=None):
+                  *, scale=None, dropout_mask=None):
     dtype = q.dtype
     h, hk = q.shape[-3], k.shape[-3]
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     qf, kf, vf, go = q.to(_f32), k.to(_f32), v.to(_f32), grad_out.to(_f32)
-    w = torch.softmax(_scores(qf, kf, attn_bias, is_causal, sc), -1)
+    s = _scores(qf, kf, attn_bias, is_causal, sc)
+    w = _safe_softmax(s, torch.logsumexp(s, -1))
     kr, vr = _repeat_kv(kf, h), _repeat_kv(vf, h)
-    dv = _sum_heads(_bmm(w.transpose(-2, -1), go), hk)
-    dw = _bmm(go, vr.transpose(-2, -1))
+    if dropout_p > 0.0:
+        # out = (w * keep) @ (v * c): the dropped weights get no gradient
+        c = _dropout_scale(dropout_p)
+        drop = dropout_mask.logical_not()
+        dv = _sum_heads(_bmm(w.masked_fill(drop, 0.0).transpose(-2, -1), go) * c, hk)
+        dw = (_bmm(go, vr.transpose(-2, -1)) * c).masked_fill(drop, 0.0)
+    else:
+        dv = _sum_heads(_bmm(w.transpose(-2, -1), go), hk)
+        dw = _bmm(go, vr.transpose(-2, -1))
     ds = w * (dw - (dw * w).sum(-1, keepdim=True))        # grad of the logits
     dq = _bmm(ds, kr) * sc
     dk = _sum_heads(_bmm(ds.transpose(-2, -1), qf) * sc, hk)

@@ -36,15 +36,13 @@ def manual_seed_all(seed: int) -> None:
     _C._manual_seed_all(seed)
 
 
-# CPU kernels of random ops that take no generator argument: they always draw from the CPU
-# default generator (dropout's fused kernel, which a backend gets for any non-CPU device)
-DRAW_FROM_CPU_DEFAULT = frozenset({"aten::native_dropout", "aten::native_dropout.out"})
 _swap_lock = threading.Lock()
 
 
 @contextmanager
 def cpu_default_from(index: int):
-    """Run a kernel of :data:`DRAW_FROM_CPU_DEFAULT` on device ``index``'s generator: its state
+    """Run a CPU kernel that draws from the CPU default generator (a random op without a
+    ``generator`` argument, e.g. ``native_dropout``) on device ``index``'s generator: its state
     is swapped into the CPU default generator for the call and taken back afterwards, so the
     CPU generator's own sequence is untouched."""
     dev = default_host(index)
