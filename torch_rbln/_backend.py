@@ -30,6 +30,7 @@ class _Guard(torch._C._acc.DeviceGuard):
 def setup() -> None:
     from . import api, log
     from .dispatch import checks, copy, device_op, factories, fallback, native, special, views
+    from .dispatch import cuda_dtypes
     from .runtime import compiler
 
     log.setup()
@@ -40,10 +41,10 @@ def setup() -> None:
     aten = torch.library.Library("aten", "IMPL")
     _libs.append(aten)
     for table in (views.kernels(), factories.KERNELS, copy.KERNELS, device_op.kernels(),
-                  native.KERNELS, special.KERNELS, fallback.host_kernels()):
+                  native.KERNELS, special.KERNELS, fallback.host_kernels(), cuda_dtypes.KERNELS):
         for name, fn in table.items():
             aten.impl(name, fn, "PrivateUse1")
-    for name, fn in special.AUTOGRAD_KERNELS.items():
+    for name, fn in (*special.AUTOGRAD_KERNELS.items(), *cuda_dtypes.KERNELS.items()):
         aten.impl(name, fn, "AutogradPrivateUse1")
     compiler.install_dynamo_reset_hook()
     catch_all = torch.library.Library("_", "IMPL")

@@ -21,7 +21,7 @@ from .. import config, events
 from ..log import user_stacklevel
 from ..runtime import compiler, devices, lowering
 from ..runtime.storage import buffer_of, new_device_tensor, wrap_host
-from . import checks, factories, fallback
+from . import checks, cuda_dtypes, factories, fallback
 from .copy import covers
 from .optable import OpEntry
 
@@ -161,7 +161,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
         t0 = _perf_ns()
         try:
             if fast:
-                res = _deliver_host(body(*_host_args(args), **kwargs), out, index)
+                res = _deliver_host(cuda_dtypes.run(body, _host_args(args), kwargs), out, index)
             else:
                 full = dict(kwargs)
                 if out is not None and mode == "out":
