@@ -30,7 +30,7 @@ class _Guard(torch._C._acc.DeviceGuard):
 def setup() -> None:
     from . import api, log
     from .dispatch import checks, copy, device_op, factories, fallback, native, special, views
-    from .dispatch import cuda_dtypes
+    from .dispatch import cuda_dtypes, layouts
     from .runtime import compiler
 
     log.setup()
@@ -50,6 +50,8 @@ def setup() -> None:
     catch_all = torch.library.Library("_", "IMPL")
     _libs.append(catch_all)
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
+    for key in layouts.KEYS:
+        catch_all.fallback(layouts.fallback_for(key), key)
     _patch_storage_new()
     _patch_module_apply()
     _patch_accelerator()

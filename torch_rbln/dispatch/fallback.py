@@ -15,7 +15,7 @@ import torch
 from .. import config, events
 from ..runtime import devices
 from ..runtime.storage import CPU_KEYSET, buffer_of, wrap_host
-from . import cuda_dtypes, factories
+from . import cuda_dtypes, factories, layouts
 
 _record = events.record
 _as_strided = torch.ops.aten.as_strided.default._handle
@@ -165,7 +165,7 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
         out = cuda_dtypes.run(op, cpu_args, cpu_kwargs)   # op(...), widening dtypes CUDA has
     if op._schema.is_mutable:
         _mark_written(op, args, kwargs, ctx)
-    return _to_rbln(out, ctx)
+    return _to_rbln(layouts.checked(out, name), ctx)
 
 
 _TENSOR_SLOTS: dict = {}
