@@ -28,7 +28,7 @@ import torch.fx
 from .. import events
 from ..runtime import caches, devices
 from . import programs, split
-from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels
+from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels, widen_cuda_dtypes
 from .runners import DevicePartition, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
@@ -189,6 +189,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             device_parts.append(part)
         else:
             to_cpu_devices(sub)
+            widen_cuda_dtypes(sub)
             ops = split.placements_of(sub, placed)
             part = HostPartition(node.target, rbln_out, sub, ops)
             host_ops.extend((p.op, p.reason) for p in part.ops)

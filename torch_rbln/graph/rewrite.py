@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from ..dispatch import cuda_dtypes
 from ..dispatch.attention_dropout import with_attention_dropout
 from ..runtime import executors
 
@@ -23,6 +24,17 @@ def to_cpu_devices(gm: torch.fx.GraphModule) -> None:
     for n in gm.graph.nodes:
         n.args = torch.fx.node.map_aggregate(n.args, fix)
         n.kwargs = torch.fx.node.map_aggregate(n.kwargs, fix)
+    gm.recompile()
+
+
+def widen_cuda_dtypes(gm: torch.fx.GraphModule) -> None:
+    """Host nodes whose op CUDA runs in dtypes the CPU kernel lacks compute as eager's fallback
+    does (``dispatch/cuda_dtypes.py``): ``histc`` on int32 works in a graph too."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            k = cuda_dtypes.host_kernel(n.target)
+            if k is not None:
+                n.target = k
     gm.recompile()
 
 
