@@ -56,6 +56,8 @@ def setup() -> None:
     # device); see backward.py and README "Backward on rbln:1 and up"
     from . import backward
     backward.install()
+    from . import distributed
+    distributed.register()      # torch.distributed: the rbln-ccl backend, rbln tensors on gloo
 
 
 def _patch_storage_new() -> None:

@@ -155,6 +155,8 @@ def commit() -> Plan:
             _committed = p
             from .. import log
             log.on_mapping_committed(p)
+            from . import claims
+            claims.claim(npu for g in p.groups for npu in g)
         return _committed
 
 
