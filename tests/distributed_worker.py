@@ -74,10 +74,9 @@ def make(v: torch.Tensor, state: str) -> torch.Tensor:
     if state == "host":
         return v.to("rbln")
     if state == "device":
-        t = v.to("rbln")
-        d = torch.empty_like(t)
-        dist.broadcast(t, src=RANK, group=SELF[RANK])   # one-rank group: lands on the device
-        d.copy_(t)                                      # device-to-device copy on the NPU
+        # gathered by a one-rank group: written by the NPU, so the device holds the latest data
+        d = torch.empty_like(v, device="rbln")
+        dist.all_gather_into_tensor(d, v.to("rbln"), group=SELF[RANK])
         return d
     if state == "view":
         base = torch.full((3, *v.shape), 7, dtype=v.dtype).to("rbln")
@@ -215,17 +214,17 @@ def op_cases(gloo):
             reduce_scatter_tensor, scatter, send_recv]
 
 
-def check_ops(states) -> list:
-    gloo = dist.new_group(backend="gloo")
+def check_ops(gloo, states, dtypes) -> list:
     cases = []
     for fn in op_cases(gloo):
-        for dname, dtype in DTYPES.items():
+        for dname in dtypes:
+            dtype = DTYPES[dname]
             for st in states:
                 case = {"op": fn.__name__, "dtype": dname, "state": st}
                 try:
                     got, ref = fn(dtype, st)
+                    case["states"] = sorted({state_of(t) for t in got})   # before reading
                     case["ok"] = len(got) == len(ref) and all(map(same, got, ref))
-                    case["states"] = sorted({state_of(t) for t in got})
                     if not case["ok"]:
                         case["got"] = [t.cpu().float().flatten()[:8].tolist() for t in got]
                         case["ref"] = [t.float().flatten()[:8].tolist() for t in ref]
@@ -322,8 +321,10 @@ def scenario_ops() -> None:
         g = dist.new_group([r], backend="rbln-ccl")
         if r == RANK:
             SELF[RANK] = g
+    gloo = dist.new_group(backend="gloo")
     states = os.environ.get("DIST_STATES", "host,device,view,strided").split(",")
-    result["cases"] = check_ops(states)
+    dtypes = os.environ.get("DIST_DTYPES", ",".join(DTYPES)).split(",")
+    result["cases"] = check_ops(gloo, states, dtypes)
     result["views"] = check_views_keep_neighbours()
     result["explain"] = check_explain()
     result["async"] = check_async()
@@ -331,6 +332,8 @@ def scenario_ops() -> None:
     result["mismatch"] = check_mismatches()
     result["committed"] = __import__("torch_rbln.runtime.devices", fromlist=["x"]).is_committed()
     result["backend"] = dist.get_backend()
+    if os.environ.get("DIST_DDP"):
+        check_ddp(gloo)
     write()
     if os.environ.get("DIST_CRASH") and WORLD > 1:
         # the last rank leaves mid-run; the others' next collective must fail, not hang
@@ -367,9 +370,10 @@ def train(m, xs, ys, steps=3):
     return [p.detach().cpu() for p in m.parameters()]
 
 
-def scenario_ddp() -> None:
+def check_ddp(gloo) -> None:
+    """DDP of an rbln module over rbln-ccl and over gloo, 3 SGD steps each, against one CPU
+    process training on the whole batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    tutorial_init(timeout=TIMEOUT)
     # the reference: one CPU process, the whole batch
     parts = [batch(r) for r in range(WORLD)]
     ref = train(model(), torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
@@ -379,7 +383,6 @@ def scenario_ddp() -> None:
         got = train(DDP(model().to("rbln")), x.to("rbln"), y.to("rbln"))
     diffs["rbln-ccl"] = max(float((a - b).abs().max()) for a, b in zip(got, ref))
     result["ddp_collectives"] = p.dump().get("collectives", {})
-    gloo = dist.new_group(backend="gloo")
     with torch.rbln.explain() as q:
         got = train(DDP(model().to("rbln"), process_group=gloo), x.to("rbln"), y.to("rbln"))
     diffs["gloo"] = max(float((a - b).abs().max()) for a, b in zip(got, ref))
@@ -392,37 +395,28 @@ def scenario_ddp() -> None:
     result["gloo_ops"] = {"all_reduce": t.cpu().unique().tolist(),
                           "all_gather": [o.cpu().tolist() for o in outs]}
     result["diffs"] = diffs
-    write()
-    dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------
 # errors when creating a group
 
 def scenario_join_errors() -> None:
-    """Run with TORCH_RBLN_VIRTUAL_NPUS=1: a rank that never joins, then too many ranks."""
+    """Two ranks, both NPUs visible to both: a rank that never joins, two ranks on one NPU,
+    and the NPU claims of processes that skipped the tutorial's narrowing step."""
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["DIST_STORE_PORT"]), WORLD,
                           RANK == 0, timeout=TIMEOUT)
-    from torch_rbln.distributed.process_group import ProcessGroupRBLN
-    os.environ["RBLN_VISIBLE_DEVICES"] = "0"
-    if RANK == 0:
-        # the default group timeout (what c10d hands a backend when the user set none)
-        result["never_joins"] = error_of(lambda: ProcessGroupRBLN(
-            dist.PrefixStore("never/", store), RANK, WORLD, dist.default_pg_timeout, "never"))
-    store.set(f"ready{RANK}", "1")
-    store.wait([f"ready{r}" for r in range(WORLD)])
-    result["too_many"] = error_of(lambda: dist.init_process_group(
-        "rbln-ccl", store=dist.PrefixStore("many/", store), rank=RANK, world_size=WORLD,
+    # both ranks fail the same way, so c10d's group numbering stays in step between them
+    result["duplicate"] = error_of(lambda: dist.init_process_group(
+        "rbln-ccl", store=dist.PrefixStore("dup/", store), rank=RANK, world_size=WORLD,
         timeout=TIMEOUT))
-    write()
-
-
-def scenario_shared_npu() -> None:
-    """Run with TORCH_RBLN_VIRTUAL_NPUS=2 and both NPUs visible to both ranks."""
-    result["duplicate"] = error_of(lambda: dist.init_process_group("rbln-ccl", timeout=TIMEOUT))
-    # both ranks now commit every NPU they see: the second to do so shares them
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["DIST_STORE_PORT"]), WORLD,
-                          RANK == 0, timeout=TIMEOUT)
+    if RANK == 0:
+        # no timeout given: c10d hands the backend its default, rbln-ccl waits its own 5 s
+        result["never_joins"] = error_of(lambda: dist.init_process_group(
+            "rbln-ccl", store=dist.PrefixStore("never/", store), rank=0, world_size=WORLD))
+        store.set("never-done", "1")
+    else:
+        store.wait(["never-done"])
+    # each process now opens every NPU it sees: the second one shares them
     if RANK == 1:
         store.wait(["rank0-committed"])
     with warnings.catch_warnings(record=True) as w:
@@ -430,12 +424,12 @@ def scenario_shared_npu() -> None:
         torch.ones(2, device="rbln")
     result["claim_warnings"] = [str(x.message) for x in w]
     result["pid"] = os.getpid()
+    write()
     if RANK == 0:
         store.set("rank0-committed", "1")
-        store.wait(["rank1-done"])
+        store.wait([f"done{r}" for r in range(1, WORLD)])   # the store lives in rank 0
     else:
-        store.set("rank1-done", "1")
-    write()
+        store.set(f"done{RANK}", "1")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,12 @@ class Work(dist.Work):
         if not self._works:
             self._run(None)
         elif auto:
-            torch.futures.collect_all([w.get_future() for w in self._works]).then(self._run)
+            try:
+                futures = [w.get_future() for w in self._works]
+            except RuntimeError:        # "getFuture not implemented" (gloo's reduce_scatter)
+                futures = None
+            if futures:
+                torch.futures.collect_all(futures).then(self._run)
 
     def _run(self, completed) -> None:
         """Finish the Work: in ``wait()`` (``completed`` None: wait for each handle) or as the
