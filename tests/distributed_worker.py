@@ -336,6 +336,13 @@ def scenario_ops() -> None:
         check_ddp(gloo)
     write()
     if os.environ.get("DIST_CRASH") and WORLD > 1:
+        # a rank that never calls the collective: the others give up after the group's timeout
+        short = dist.new_group(backend="rbln-ccl", timeout=datetime.timedelta(seconds=3))
+        if RANK == 0:
+            result["no_show"] = error_of(lambda: dist.all_reduce(
+                torch.ones(4, dtype=torch.float16, device="rbln"), group=short))
+        dist.barrier()
+        write()
         # the last rank leaves mid-run; the others' next collective must fail, not hang
         dist.barrier()
         if RANK == WORLD - 1:

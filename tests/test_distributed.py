@@ -249,6 +249,10 @@ def test_collectives_and_ddp_two_ranks():
     reports, _ = torchrun("ops", 2, {"DIST_CRASH": "1", "DIST_DDP": "1"})
     _check_ops_reports(reports, 2, STATES, DTYPES)
     _check_ddp_reports(reports)
+    no_show = reports[0]["no_show"]
+    assert no_show["type"] == "DistBackendError", no_show
+    assert ("rbln-ccl all_reduce on rank 0: timed out waiting for the other ranks (group timeout "
+            "3 s): a rank never called all_reduce") in no_show["msg"], no_show
     # the last rank left: the survivor's next collective fails at once, naming the cause
     left = reports[0]["peer_left"]
     assert left["type"] == "DistBackendError", left

@@ -351,7 +351,8 @@ def test_loopback_control_plane_is_read_when_a_group_is_created():
     code = """
 import json, os, torch, torch.distributed as dist
 os.environ["RBLN_FORCE_LOOPBACK_CONTROL_PLANE"] = os.environ.pop("FORCE_LATER", "0")
-dist.init_process_group("rbln-ccl", store=dist.HashStore(), rank=0, world_size=1)
+dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1)   # rbln: rbln-ccl
+assert dist.group.WORLD.name() == "rbln-ccl", dist.group.WORLD.name()
 print(json.dumps([os.environ.get("RBLN_LOCAL_IP"), os.environ.get("RBLN_ROOT_IP")]))
 """
     def ips(env):
