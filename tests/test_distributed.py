@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import EXAMPLES, clean_env
+from conftest import EXAMPLES, clean_env, run_code
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 OPS = ["broadcast", "all_reduce", "all_gather", "all_gather_into_tensor",
@@ -145,6 +145,22 @@ def test_one_rank_group_errors_name_the_problem(solo):
         solo.reduce([x], _opts("ReduceOptions"))
     w = solo.allreduce([x], _opts("AllreduceOptions"))     # the group still works
     assert w.wait() and w.is_completed() and w.get_future().wait()[0] is x
+
+
+def test_a_collective_commits_the_device_mapping():
+    r = run_code("""
+import json, os, torch, torch.distributed as dist
+from torch_rbln.runtime import devices
+dist.init_process_group("rbln-ccl", store=dist.HashStore(), rank=0, world_size=1)
+created = devices.is_committed()
+os.environ["RBLN_VISIBLE_DEVICES"] = "1"      # not used yet: still changes the mapping
+dist.all_reduce(torch.ones(2))                # a collective, even of CPU tensors, commits
+committed = devices.is_committed()
+os.environ["RBLN_VISIBLE_DEVICES"] = "0"      # committed: ignored
+print(json.dumps([created, committed, list(devices.plan().visible)]))
+""", env={"TORCH_RBLN_VIRTUAL_NPUS": "2"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True, [1]]
 
 
 def test_claimed_npu_warns_naming_the_holder(tmp_path, monkeypatch):
