@@ -59,7 +59,7 @@ class ProcessGroupRBLN(dist.ProcessGroup):
                                            timeout)
         self._gloo._set_sequence_number_for_group()
         self._seq = self._gloo._get_sequence_number_for_group()
-        self._issued = 0        # collectives issued on this group, for error messages
+        self._issued = 0        # collectives (not send/recv) issued, for error messages
 
     # identity -------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -121,8 +121,8 @@ class ProcessGroupRBLN(dist.ProcessGroup):
 
     def _agree(self, op: str, t: torch.Tensor | None = None, root: int = agreement.NONE,
                reduce_op=None, root_name: str = "root") -> None:
-        """Collectives run on this group so far; every rank checks the others'
-        fingerprints."""
+        """Every rank checks that the others issue the same collective on matching tensors (one
+        small all-gather of fingerprints over gloo); a mismatch raises on every rank alike."""
         # the first collective opens the NPUs (commits the mapping), like an allocation
         devices.commit()
         seq = self._issued
@@ -234,8 +234,9 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         for x in inputs:
             self._agree("all_gather_into_tensor", x)
         st = Staging(where or DEVICE)
-        works = [self._gloo._allgather_base(st(o, WRITE), st(x, READ), opts)
-                 for o, x in zip(outputs, inputs)]
+        cins = st.many(inputs, READ)         # inputs first: one may be a view of an output
+        couts = st.many(outputs, WRITE)
+        works = [self._gloo._allgather_base(o, x, opts) for o, x in zip(couts, cins)]
         return self._issue(op, outputs, works, st, where, staging.nbytes(*outputs))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -277,8 +278,8 @@ class ProcessGroupRBLN(dist.ProcessGroup):
                                                      for i, x in enumerate(ins)])
         self._agree(op, out, root=opts.rootRank, root_name="src")
         st = Staging(where or DEVICE)
-        cout = [st(out, WRITE)]
         cin = [st.many(ins, READ)] if root else []
+        cout = [st(out, WRITE)]
         return self._issue(op, outputs, [self._gloo.scatter(cout, cin, opts)], st, where,
                            staging.nbytes(out) * self.size())
 
@@ -326,7 +327,6 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         self._one(op, tensors)
         where = self._where(op, [("tensor", tensors[0])])
         devices.commit()
-        self._issued += 1
         t = tensors[0]
         header = agreement.fingerprint("send", t, root=t.numel() * t.element_size())
         st = Staging(where or DEVICE)
@@ -343,7 +343,6 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         t = tensors[0]
         where = self._where(op, [("tensor", t)])
         devices.commit()
-        self._issued += 1
         header = torch.empty(agreement.LENGTH, dtype=torch.int64)
         hw = self._gloo.recv([header], src, tag)
         if where is not None:
