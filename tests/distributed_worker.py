@@ -316,6 +316,10 @@ def check_mismatches(gloo_needed=True) -> dict:
 
 
 def scenario_ops() -> None:
+    if os.environ.get("DIST_DUPLICATE"):
+        # the tutorial's narrowing step skipped: every rank would drive NPU 0
+        result["duplicate"] = error_of(lambda: dist.init_process_group("rbln-ccl",
+                                                                       timeout=TIMEOUT))
     tutorial_init(timeout=TIMEOUT)
     for r in range(WORLD):      # one-rank groups: a collective on the own rank only
         g = dist.new_group([r], backend="rbln-ccl")
@@ -402,41 +406,6 @@ def check_ddp(gloo) -> None:
     result["gloo_ops"] = {"all_reduce": t.cpu().unique().tolist(),
                           "all_gather": [o.cpu().tolist() for o in outs]}
     result["diffs"] = diffs
-
-
-# ---------------------------------------------------------------------------------------------
-# errors when creating a group
-
-def scenario_join_errors() -> None:
-    """Two ranks, both NPUs visible to both: a rank that never joins, two ranks on one NPU,
-    and the NPU claims of processes that skipped the tutorial's narrowing step."""
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["DIST_STORE_PORT"]), WORLD,
-                          RANK == 0, timeout=TIMEOUT)
-    # both ranks fail the same way, so c10d's group numbering stays in step between them
-    result["duplicate"] = error_of(lambda: dist.init_process_group(
-        "rbln-ccl", store=dist.PrefixStore("dup/", store), rank=RANK, world_size=WORLD,
-        timeout=TIMEOUT))
-    if RANK == 0:
-        # no timeout given: c10d hands the backend its default, rbln-ccl waits its own 5 s
-        result["never_joins"] = error_of(lambda: dist.init_process_group(
-            "rbln-ccl", store=dist.PrefixStore("never/", store), rank=0, world_size=WORLD))
-        store.set("never-done", "1")
-    else:
-        store.wait(["never-done"])
-    # each process now opens every NPU it sees: the second one shares them
-    if RANK == 1:
-        store.wait(["rank0-committed"])
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        torch.ones(2, device="rbln")
-    result["claim_warnings"] = [str(x.message) for x in w]
-    result["pid"] = os.getpid()
-    write()
-    if RANK == 0:
-        store.set("rank0-committed", "1")
-        store.wait([f"done{r}" for r in range(1, WORLD)])   # the store lives in rank 0
-    else:
-        store.set(f"done{RANK}", "1")
 
 
 if __name__ == "__main__":

@@ -152,6 +152,7 @@ def test_a_collective_commits_the_device_mapping():
 import json, os, torch, torch.distributed as dist
 from torch_rbln.runtime import devices
 dist.init_process_group("rbln-ccl", store=dist.HashStore(), rank=0, world_size=1)
+assert dist.group.WORLD._timeout == dist.default_pg_timeout   # what the 5 s join default keys on
 created = devices.is_committed()
 os.environ["RBLN_VISIBLE_DEVICES"] = "1"      # not used yet: still changes the mapping
 dist.all_reduce(torch.ones(2))                # a collective, even of CPU tensors, commits
@@ -161,6 +162,20 @@ print(json.dumps([created, committed, list(devices.plan().visible)]))
 """, env={"TORCH_RBLN_VIRTUAL_NPUS": "2"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True, [1]]
+
+
+def test_a_second_process_on_a_claimed_npu_is_warned():
+    torch.ones(1, device="rbln")               # this process holds NPU 0
+    r = run_code("""
+import warnings, torch
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    torch.ones(1, device="rbln")
+print([str(x.message) for x in w if "already in use" in str(x.message)])
+""", env={"XDG_RUNTIME_DIR": os.environ["XDG_RUNTIME_DIR"]})    # this process's claims
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"physical NPU 0 is already in use by pid {os.getpid()} (" in r.stdout
+    assert r.stdout.count("already in use") == 1
 
 
 def test_claimed_npu_warns_naming_the_holder(tmp_path, monkeypatch):
@@ -262,7 +277,12 @@ def _check_mismatches(m: dict, rank: int, world: int) -> None:
 def test_collectives_and_ddp_two_ranks():
     """Every collective vs gloo on the CPU, DDP against the single-process reference, then a
     rank that leaves mid-run."""
-    reports, _ = torchrun("ops", 2, {"DIST_CRASH": "1", "DIST_DDP": "1"})
+    reports, _ = torchrun("ops", 2, {"DIST_CRASH": "1", "DIST_DDP": "1", "DIST_DUPLICATE": "1"})
+    for rep in reports:
+        dup = rep["duplicate"]
+        assert dup["type"] == "RuntimeError", dup
+        assert "ranks 0 and 1 both use physical NPU 0" in dup["msg"]
+        assert "RBLN_VISIBLE_DEVICES" in dup["msg"] and "LOCAL_RANK" in dup["msg"]
     _check_ops_reports(reports, 2, STATES, DTYPES)
     _check_ddp_reports(reports)
     no_show = reports[0]["no_show"]
@@ -305,42 +325,47 @@ def _check_ddp_reports(reports) -> None:
             "all_gather": [[float(r)] * 3 for r in range(world)]}
 
 
-def test_join_errors_and_shared_npus():
-    reports, _ = torchrun("join_errors", 2, {"DIST_STORE_PORT": str(_free_port())})
-    never = reports[0]["never_joins"]
-    assert never["type"] == "DistStoreError", never
-    assert "rbln-ccl: rank(s) [1] of 2 did not join process group" in never["msg"]
-    assert "within 5 s (store key rbln_rccl_uid_" in never["msg"]
-    assert "init_process_group(..., timeout=" in never["msg"]
-    assert never["s"] >= 4.5                    # it waited the reference's default, 5 s
-    for rep in reports:
-        dup = rep["duplicate"]
-        assert dup["type"] == "RuntimeError", dup
-        assert "ranks 0 and 1 both use physical NPU 0" in dup["msg"]
-        assert "RBLN_VISIBLE_DEVICES" in dup["msg"] and "LOCAL_RANK" in dup["msg"]
-    # the tutorial's narrowing step skipped: each process opens both NPUs, the second is warned
-    assert not [m for m in reports[0]["claim_warnings"] if "already in use" in m]
-    w = [m for m in reports[1]["claim_warnings"] if "already in use" in m]
-    assert len(w) == 2 and all(f"already in use by pid {reports[0]['pid']}" in m for m in w), w
-
-
-def test_more_ranks_than_npus_on_the_host():
-    """Two ranks in this process (threads), on a virtual host with one NPU."""
+def _ranks_in_threads(ranks, size: int, timeout, group: str) -> list:
+    """Create rank ``r`` of a ``size``-rank group for each ``r`` in ``ranks``, one thread each,
+    in this process; the error of each (or None)."""
     import threading
     from torch_rbln.distributed.process_group import ProcessGroupRBLN
-    from torch_rbln.runtime import devices
-    store, errors = dist.HashStore(), [None, None]
+    store, errors = dist.HashStore(), [None] * size
 
     def rank(r):
         try:
-            ProcessGroupRBLN(store, r, 2, datetime.timedelta(seconds=60), "many")
+            ProcessGroupRBLN(store, r, size, timeout, group)
         except Exception as e:  # noqa: BLE001
             errors[r] = e
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    ts = [threading.Thread(target=rank, args=(r,)) for r in ranks]
     for t in ts:
         t.start()
     for t in ts:
         t.join(90)
+        assert not t.is_alive()
+    return errors
+
+
+def test_a_rank_that_never_joins():
+    """No timeout given to init_process_group: c10d hands the backend its default, and
+    rbln-ccl waits the reference's 5 s for every rank."""
+    import time
+    t0 = time.monotonic()
+    err = _ranks_in_threads([0], 2, dist.default_pg_timeout, "lonely")[0]
+    waited = time.monotonic() - t0
+    assert isinstance(err, dist.DistStoreError), err
+    assert ("rbln-ccl: rank(s) [1] of 2 did not join process group 'lonely' within 5 s "
+            "(store key rbln_rccl_uid_lonely)") in str(err)
+    assert "init_process_group(..., timeout=" in str(err)
+    assert waited >= 4.5
+    err = _ranks_in_threads([0], 2, datetime.timedelta(seconds=1), "lonely2")[0]
+    assert "did not join process group 'lonely2' within 1 s" in str(err)   # timeout= wins
+
+
+def test_more_ranks_than_npus_on_the_host():
+    """Two ranks in this process (threads), on a virtual host with one NPU."""
+    from torch_rbln.runtime import devices
+    errors = _ranks_in_threads([0, 1], 2, datetime.timedelta(seconds=60), "many")
     assert devices.host().npus == 1
     for e in errors:
         assert isinstance(e, RuntimeError), e
