@@ -57,3 +57,5 @@ def setup() -> None:
     # torch.autocast("rbln") disables itself); should it be forced on, ops run as without it
     catch_all.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     patches.apply_all()
+    from . import distributed
+    distributed.register()      # torch.distributed: the rbln-ccl backend, rbln tensors on gloo
