@@ -263,3 +263,16 @@ def test_llama_training_step_matches_eager():
     torch.testing.assert_close(_cpu(lc), _cpu(le), **TOL)
     for (name, p), (_, q) in zip(m.named_parameters(), mc.named_parameters()):
         torch.testing.assert_close(_cpu(q), _cpu(p), atol=5e-2, rtol=5e-2, msg=name)
+
+
+def test_few_row_matmuls_keep_the_half_kernel_of_eager():
+    """A decode-shaped Linear (2 rows, a large weight) in a graph gives eager's exact values:
+    the half-precision kernel, not a per-call fp32 copy of the weight (which costs more than
+    the GEMM and rounds differently)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 2048, dtype=torch.float16).to("rbln")
+    w = (torch.randn(4096, 2048, dtype=torch.float16) * 0.02).to("rbln")
+    with torch.no_grad():
+        eager = nn.functional.linear(x, w)
+        graph = torch.compile(nn.functional.linear, backend="rbln")(x, w)
+    assert torch.equal(graph.cpu(), eager.cpu())
