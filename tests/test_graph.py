@@ -300,3 +300,14 @@ def test_graph_last_dim_rule_for_zero_dim_and_one_element_operands():
     # the 0-d operand has no last dimension: a * b is on the device; c * c is not
     assert programs[0].device_partitions == 1
     assert programs[0].host_ops == (("aten::mul.out", "last-dim-not-64-aligned"),)
+def test_few_row_matmuls_keep_the_half_kernel_of_eager():
+    """A decode-shaped Linear (2 rows, a large weight) in a graph gives eager's exact values:
+    the half-precision kernel, not a per-call fp32 copy of the weight (which costs more than
+    the GEMM and rounds differently)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 2048, dtype=torch.float16).to("rbln")
+    w = (torch.randn(4096, 2048, dtype=torch.float16) * 0.02).to("rbln")
+    with torch.no_grad():
+        eager = nn.functional.linear(x, w)
+        graph = torch.compile(nn.functional.linear, backend="rbln")(x, w)
+    assert torch.equal(graph.cpu(), eager.cpu())
