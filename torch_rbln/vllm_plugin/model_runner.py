@@ -13,7 +13,11 @@ and XPU runners do it:
   plugin keeps them by default. Integer bookkeeping would otherwise run as CPU fallbacks of
   int ops every step. Model inputs (token ids, positions), sampling parameters, weights,
   activations and the KV cache are rbln tensors;
-* the ``compute_slot_mapping`` kernel (Triton on GPUs, C++ on the CPU) has a PyTorch body here.
+* the ``compute_slot_mapping`` kernel (Triton on GPUs, C++ on the CPU) has a PyTorch body here;
+* per-request generators (seeded sampling, and the sampler warm-up) are made with
+  ``torch.Generator(device=self.device)``; where this torch_rbln build has no rbln generators
+  they are host generators, which is where random sampling runs anyway (RNG ops are host ops
+  on rbln).
 
 Weights: ``load_model`` builds the model under ``torch.device(self.device)`` like the GPU path,
 so every parameter and buffer is created on rbln.
@@ -55,6 +59,14 @@ class RblnModelRunner(GPUModelRunner):
                 if isinstance(v, CpuGpuBuffer):
                     v.gpu = v.cpu
 
+    def _update_states(self, scheduler_output):
+        with _host_generators_if_needed():
+            return super()._update_states(scheduler_output)
+
+    def _dummy_sampler_run(self, *args, **kwargs):
+        with _host_generators_if_needed():
+            return super()._dummy_sampler_run(*args, **kwargs)
+
     def _sync_device(self) -> None:
         torch.rbln.synchronize(self.device)
 
@@ -92,6 +104,37 @@ def _no_streams_or_events():
         yield
     finally:
         torch.Event, torch.cuda.Event, torch.cuda.Stream = saved
+
+
+def _has_device_generators() -> bool:
+    try:
+        torch.Generator(device="rbln")
+        return True
+    except (NotImplementedError, RuntimeError):
+        return False
+
+
+_DEVICE_GENERATORS = _has_device_generators()
+
+
+@contextmanager
+def _host_generators_if_needed():
+    """``torch.Generator(device="rbln")`` made inside gives a host generator (see above)."""
+    if _DEVICE_GENERATORS:
+        yield
+        return
+    real = torch.Generator
+
+    def generator(device=None):
+        if device is not None and torch.device(device).type == "rbln":
+            device = "cpu"
+        return real(device=device) if device is not None else real()
+
+    torch.Generator = generator
+    try:
+        yield
+    finally:
+        torch.Generator = real
 
 
 def compute_slot_mapping_kernel(num_tokens, max_num_tokens, query_start_loc, positions,

@@ -60,6 +60,11 @@ def _guard_empty_host_cache() -> None:
     torch.accelerator.empty_host_cache = empty_host_cache
 
 
+# vLLM's ahead-of-time compile (vllm/compilation/decorators.py, `aot_compile`) serialises the
+# backend's output and so requires an Inductor OutputCode (torch/_dynamo/aot_compile.py); the
+# rbln graph backend returns its own program, so the model is compiled the regular way.
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
 PINNED_MEMORY = _has_pinned_memory()
 if not PINNED_MEMORY:
     _guard_empty_host_cache()
