@@ -25,7 +25,7 @@ import pytest
 from conftest import EXAMPLES, clean_env
 
 INSTALL = "pip install -e '.[vllm]'"
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason=f"vLLM is not installed: {INSTALL} (README: vLLM on rbln)")
 
 HERE = Path(__file__).resolve().parent
@@ -40,6 +40,19 @@ def _env(device: str) -> dict:
     if device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
     return env
+
+
+def test_plugin_entry_point_needs_no_vllm_import():
+    # the entry point is declared by the package and listing it imports nothing from vLLM
+    r = subprocess.run([sys.executable, "-c",
+                        "import sys\n"
+                        "from importlib.metadata import entry_points\n"
+                        "(ep,) = entry_points(group='vllm.platform_plugins', name='rbln')\n"
+                        "print(ep.load()())\n"
+                        "print(any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules))\n"],
+                       env=clean_env(), capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["torch_rbln.vllm_plugin.platform.RblnPlatform", "False"]
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +96,7 @@ def offline(models, tmp_path_factory):
     return out
 
 
+@needs_vllm
 @pytest.mark.parametrize("case", [f"{b}x{n}" for b, n in CASES])
 @pytest.mark.parametrize("engine,reference", [("llama", "llama"), ("llama-compiled", "llama"),
                                               ("qwen2", "qwen2")])
@@ -92,6 +106,7 @@ def test_offline_greedy_tokens_equal_vllm_cpu(offline, engine, reference, case):
     assert got == want
 
 
+@needs_vllm
 def test_decode_step_attention_runs_on_the_device(offline):
     ops = offline["rbln"]["llama.ops"]
     sdpa = "aten::_scaled_dot_product_fused_attention_overrideable"
@@ -103,6 +118,7 @@ def test_decode_step_attention_runs_on_the_device(offline):
     assert set(ops["cpu_fallback_reason"]) <= {"dtype-not-fp16", "last-dim-not-64-aligned"}, ops
 
 
+@needs_vllm
 def test_rbln_platform_is_active_and_cpu_reference_is_cpu(offline):
     assert offline["rbln"]["platform"] == ["RblnPlatform", "rbln", "PrivateUse1"]
     assert offline["cpu"]["platform"][1] == "cpu"
@@ -187,6 +203,7 @@ def _completions(port: int, model: str, prompts: list[str]) -> list[dict]:
     return [r["choices"][0] for _, r in res]
 
 
+@needs_vllm
 def test_server_concurrent_completions_equal_cpu_server(servers):
     ports, model = servers["ports"], servers["model"]
     got = _completions(ports["rbln"], model, PROMPTS)        # 8 requests at once
@@ -196,6 +213,7 @@ def test_server_concurrent_completions_equal_cpu_server(servers):
     assert all(len(c["token_ids"]) == MAX_TOKENS for c in got)
 
 
+@needs_vllm
 def test_server_chat_completions_equal_cpu_server(servers):
     body = dict(model=servers["model"], max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
                 return_token_ids=True,
@@ -208,6 +226,7 @@ def test_server_chat_completions_equal_cpu_server(servers):
     assert g["message"] == w["message"]
 
 
+@needs_vllm
 def test_server_bad_requests_get_4xx_and_serving_goes_on(servers):
     port, model = servers["ports"]["rbln"], servers["model"]
     code, body = _post(port, "/v1/completions", dict(model="no-such-model", prompt="the",
@@ -219,6 +238,7 @@ def test_server_bad_requests_get_4xx_and_serving_goes_on(servers):
                                                                   PROMPTS[:1])
 
 
+@needs_vllm
 def test_server_stops_cleanly_on_ctrl_c(servers):
     p = servers["procs"]["rbln"]
     p.send_signal(signal.SIGINT)

@@ -69,9 +69,6 @@ PINNED_MEMORY = _has_pinned_memory()
 if not PINNED_MEMORY:
     _guard_empty_host_cache()
 
-# KV cache block: a multiple of 32 keeps gathered key lengths on the device attention
-# kernel's tile (see attention.py); 64 tokens wastes little on short prompts.
-DEFAULT_BLOCK_SIZE = 64
 
 
 class RblnPlatform(Platform):
@@ -185,13 +182,6 @@ class RblnPlatform(Platform):
                 "supported by this plugin; run one engine per rbln device")
         if parallel.enable_dbo:
             parallel.enable_dbo = False
-
-        cache = vllm_config.cache_config
-        if not cache.user_specified_block_size:
-            cache.block_size = DEFAULT_BLOCK_SIZE
-        elif cache.block_size % 32:
-            raise ValueError(f"rbln: --block-size must be a multiple of 32 (got "
-                             f"{cache.block_size}): the device attention kernel tiles by 32")
 
         # async scheduling overlaps steps with CUDA streams and events, which rbln lacks for now
         vllm_config.scheduler_config.async_scheduling = False
