@@ -81,6 +81,10 @@ HOOKS: tuple[Hook, ...] = (
          at_import=False),
     Hook("torch._dynamo.backends.common.aot_autograd", "graph-mode training", at_import=False),
     Hook("torch._dynamo.reset", "dropping the program cache", at_import=False),
+    Hook("torch._higher_order_ops.auto_functionalize.auto_functionalized",
+         "graph-mode: mutating operators with their own rbln kernel", at_import=False),
+    Hook("torch._higher_order_ops.auto_functionalize.auto_functionalized_v2",
+         "graph-mode: mutating operators with their own rbln kernel", at_import=False),
     Hook("torch._inductor.compile_fx.compile_fx", "graph-mode kernels", at_import=False),
     # autograd on several devices (backward.py)
     Hook("torch.autograd.variable.Variable._execution_engine", "backward on rbln:1 and up"),
