@@ -421,7 +421,8 @@ READ_TIMES = {
 INERT = {
     "TORCH_RBLN_USE_DEVICE_TP": "older releases only; eager ops always compile for one NPU",
     "TORCH_RBLN_USE_TP_FAILOVER": "older releases only; eager ops always compile for one NPU",
-    "TORCH_RBLN_BUILD_TYPE": "a CMake build setting; this package has no native build",
+    "TORCH_RBLN_BUILD_TYPE": "read by the install command only (`Release`, the default, or "
+                             "`Debug`: the native core without optimisation, with debug info)",
     "RBLN_ROOT_IP": "rbln-ccl's control plane is the c10d store (MASTER_ADDR/MASTER_PORT); "
                     "defaulted to 127.0.0.1 when a group is created, otherwise unused",
     "RBLN_LOCAL_IP": "rbln-ccl's control plane is the c10d store (MASTER_ADDR/MASTER_PORT); "
