@@ -25,12 +25,12 @@ so every parameter and buffer is created on rbln.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 from vllm.logger import init_logger
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from ..patches import cuda_names_as_rbln
 
 logger = init_logger(__name__)
 
@@ -41,7 +41,7 @@ _DEVICE_INPUTS = frozenset({"input_ids", "inputs_embeds", "mrope_positions", "po
 
 class RblnModelRunner(GPUModelRunner):
     def __init__(self, vllm_config, device: torch.device):
-        with _cuda_streams_are_rbln():
+        with cuda_names_as_rbln():
             super().__init__(vllm_config, device)
         self.use_cuda_graph = False
         self._keep_metadata_on_host()
@@ -60,31 +60,11 @@ class RblnModelRunner(GPUModelRunner):
                     v.gpu = v.cpu
 
     def sample_tokens(self, *args, **kwargs):
-        with _cuda_streams_are_rbln():
+        with cuda_names_as_rbln():
             return super().sample_tokens(*args, **kwargs)
 
     def _sync_device(self) -> None:
         torch.rbln.synchronize(self.device)
-
-
-# the torch.cuda names vLLM's runner uses; torch.rbln has each under the same name
-_CUDA_AS_RBLN = ("Stream", "Event", "current_stream", "default_stream", "stream", "set_stream",
-                 "synchronize")
-
-
-@contextmanager
-def _cuda_streams_are_rbln():
-    """Inside, ``torch.cuda.Stream``/``Event``/``stream``/... are ``torch.rbln``'s. Scoped (not
-    for the whole process) so that code outside the runner still sees torch's own
-    ``torch.cuda``."""
-    saved = {name: getattr(torch.cuda, name) for name in _CUDA_AS_RBLN}
-    for name in _CUDA_AS_RBLN:
-        setattr(torch.cuda, name, getattr(torch.rbln, name))
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.cuda, name, fn)
 
 
 def compute_slot_mapping_kernel(num_tokens, max_num_tokens, query_start_loc, positions,
