@@ -40,36 +40,51 @@ class Patch:
 # -- the patches ----------------------------------------------------------------------------
 
 def _module_apply() -> None:
-    """Keep tied parameters tied when modules move to or from rbln.
+    """Module moves to or from rbln keep each Parameter object, as moves to CUDA do.
 
     PyTorch moves a parameter in place (``param.data = new``, same object) only between
     backends whose TensorImpls it knows to be interchangeable (CPU, CUDA, ...), not
-    PrivateUse1; otherwise each module gets a fresh Parameter, which unties shared weights.
-    After the outermost ``Module._apply`` (``to``, ``cpu``, ``half``, ...), every module slot that
-    held one shared parameter points at one object again, as a move to CUDA leaves them."""
+    PrivateUse1; otherwise each module slot gets a fresh Parameter, so references taken before
+    ``model.to("rbln")`` (an optimizer's, a test's ``emb = model.get_input_embeddings().weight``)
+    go stale, and weights shared between modules come apart. After the outermost
+    ``Module._apply`` (``to``, ``cpu``, ``half``, ...), each parameter that moved to or from rbln
+    takes its new contents in the old object (``torch.utils.swap_tensors``, which PyTorch itself
+    uses for ``swap_module_params_on_conversion``), and every slot that held it holds it again.
+    Where a swap is refused (e.g. a weak reference to the parameter), the slots share the new
+    object, so tied weights still stay tied."""
     import threading
 
     import torch
     orig_apply = torch.nn.Module._apply
     tls = threading.local()
 
+    def _moved_with_rbln(old, new) -> bool:
+        return new is not old and type(new) is type(old) and "rbln" in (old.device.type,
+                                                                        new.device.type)
+
     def _apply(self, fn, recurse=True):
         if getattr(tls, "busy", False):
             return orig_apply(self, fn, recurse)
-        shared: dict[int, list] = {}
+        before: dict[int, tuple] = {}          # id -> (parameter, the slots holding it)
         for mod in self.modules():
             for name, p in mod.named_parameters(recurse=False, remove_duplicate=False):
-                shared.setdefault(id(p), []).append((mod, name))
+                before.setdefault(id(p), (p, []))[1].append((mod, name))
         tls.busy = True
         try:
             out = orig_apply(self, fn, recurse)
         finally:
             tls.busy = False
-        for slots in shared.values():
-            if len(slots) > 1:
-                first = getattr(*slots[0])
-                for mod, name in slots[1:]:
-                    setattr(mod, name, first)
+        for old, slots in before.values():
+            keep = getattr(*slots[0])
+            if _moved_with_rbln(old, keep):
+                try:
+                    torch.utils.swap_tensors(old, keep)
+                    keep = old
+                except RuntimeError:         # weakref or another owner: not swappable
+                    pass
+            for mod, name in slots:
+                if getattr(mod, name) is not keep:
+                    setattr(mod, name, keep)
         return out
 
     torch.nn.Module._apply = _apply
