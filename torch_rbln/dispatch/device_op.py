@@ -19,7 +19,7 @@ import torch
 from .. import config, events
 from ..runtime import compiler, devices, executors
 from ..runtime.storage import device_input, host_input
-from . import checks, fallback, results, rules
+from . import checks, cuda_dtypes, fallback, results, rules
 from .attention_dropout import DROPOUT_AT, with_attention_dropout
 from .optable import OpEntry, overload
 
@@ -79,7 +79,8 @@ def make_kernel(entry: OpEntry, registered_name: str):
         t0 = _perf_ns()
         try:
             if fast:
-                res = results.deliver_host(body(*_host_args(args), **kwargs), out, index)
+                res = results.deliver_host(cuda_dtypes.run(body, _host_args(args), kwargs),
+                                           out, index)
             else:
                 full = dict(kwargs)
                 if out is not None and mode == "out":
