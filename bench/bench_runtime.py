@@ -7,6 +7,8 @@
 * one allocation (``torch.empty(64)`` fp16, current device and explicit index), us
 * one host -> device -> host round trip of 1 MiB and 256 MiB (copy into an rbln tensor, h2d
   push at first device use, physical d2h when read back), against two CPU memcpys
+* a 64 MiB ``non_blocking`` copy from pinned memory: time until the call returns and until the
+  copy is done (``torch.rbln.synchronize()``), against one CPU memcpy of the same bytes
 * import overhead of the backend on ``import torch`` (autoload on vs off), median of runs
 * the native core's build: the first build of a fresh copy of the sources, and a rebuild with
   nothing changed (``setup.py build_ext --inplace``, what ``pip install`` runs; skip with
@@ -97,6 +99,31 @@ def build_times(pip: bool) -> None:
             print(f"{'pip wheel (isolated build env + build)':<38} {wheel:>12.1f} {'':>12}  s")
 
 
+def async_h2d(reps: int) -> None:
+    """A 64 MiB non_blocking copy from pinned memory: the time until the call returns and until
+    the copy has finished (the stream's worker copies meanwhile), against one CPU memcpy of the
+    same bytes. Samples alternate; medians in ms."""
+    x = torch.randn(16 << 20).pin_memory()
+    d = torch.empty(x.shape, device="rbln")
+    c = torch.empty_like(x)
+    ret, done, cpu = [], [], []
+    for _ in range(reps + 1):
+        torch.rbln.synchronize()
+        t0 = time.perf_counter()
+        d.copy_(x, non_blocking=True)
+        t1 = time.perf_counter()
+        torch.rbln.synchronize()
+        t2 = time.perf_counter()
+        c.copy_(x)
+        t3 = time.perf_counter()
+        ret.append((t1 - t0) * 1e3)
+        done.append((t2 - t0) * 1e3)
+        cpu.append((t3 - t2) * 1e3)
+    ret, done, cpu = (statistics.median(v[1:]) for v in (ret, done, cpu))   # first: warm-up
+    row("64 MiB pinned h2d non_blocking: return", ret, cpu, "ms")
+    row("64 MiB pinned h2d non_blocking: done", done, cpu, "ms")
+
+
 def main(quick: bool, build: bool, pip: bool) -> None:
     n = 2000 if quick else 20000
     env_isa = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
@@ -141,6 +168,8 @@ def main(quick: bool, build: bool, pip: bool) -> None:
 
         rb, cp = interleaved_us([round_trip, cpu_twice], reps, rounds=3)
         row(f"round trip h->d->h, {mib} MiB", rb / 1000, cp / 1000, "ms")
+
+    async_h2d(5 if quick else 15)
 
     runs = 3 if quick else 7
     on, off = [], []

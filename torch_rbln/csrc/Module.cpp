@@ -7,6 +7,7 @@ void bind_stream(pybind11::module_& m);
 void bind_generator(pybind11::module_& m);
 void bind_pinned_allocator(pybind11::module_& m);
 void bind_hooks(pybind11::module_& m);
+void bind_async_copy(pybind11::module_& m);
 }  // namespace torch_rbln
 
 namespace torch_rbln {
@@ -22,4 +23,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torch_rbln::bind_generator(m);
   torch_rbln::bind_pinned_allocator(m);
   torch_rbln::bind_hooks(m);
+  torch_rbln::bind_async_copy(m);
 }

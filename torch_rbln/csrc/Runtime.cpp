@@ -118,9 +118,13 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("index", [](const StateHandle& h) { return int(h.state->index); })
       .def_property_readonly("nbytes", [](const StateHandle& h) { return h.state->nbytes; })
       .def_property("residency",
-                    [](const StateHandle& h) { return int(h.state->residency); },
+                    [](const StateHandle& h) {
+                      h.state->settle();   // a queued copy into it has finished
+                      return int(h.state->residency);
+                    },
                     [](StateHandle& h, int r) {
                       TORCH_CHECK_VALUE(r >= 0 && r <= 2, "residency must be HOST, DEVICE or SYNCED");
+                      h.state->settle();
                       h.state->residency = static_cast<Residency>(r);
                     })
       .def_property("finite_dtype",

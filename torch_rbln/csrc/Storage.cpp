@@ -205,6 +205,10 @@ StorageState::StorageState(c10::DeviceIndex index_, int64_t nbytes_, void* host_
 }
 
 StorageState::~StorageState() {
+  try {
+    settle();   // the memory goes back to the pool: nothing may still write it
+  } catch (...) {
+  }
   live_states.fetch_sub(1, std::memory_order_relaxed);
   inputs_.clear();
   device_cpu_ = c10::Storage();
@@ -218,6 +222,12 @@ StorageState::~StorageState() {
   if (pooled) {
     host_pool().put(host, host_capacity);
   }
+}
+
+void StorageState::wait_pending() {
+  wait_point(pending);
+  pending = QueuePoint();
+  pending_source = c10::Storage();
 }
 
 const c10::Storage& StorageState::host_cpu_storage() {
@@ -241,6 +251,7 @@ void StorageState::device_memory_changed() {
 }
 
 void StorageState::ensure_device_memory() {
+  settle();
   if (!block) {
     block = claim(index).malloc(nbytes, /*with_memory=*/true);
     device_memory_changed();
@@ -262,6 +273,7 @@ void StorageState::pull() {
 }
 
 void StorageState::host_read() {
+  settle();
   if (residency == Residency::Device) {
     pull();
     residency = Residency::Synced;
@@ -269,6 +281,7 @@ void StorageState::host_read() {
 }
 
 void StorageState::host_write(bool whole) {
+  settle();
   finite_dtype.reset();
   if (residency == Residency::Device && !whole) {
     pull();
@@ -277,6 +290,7 @@ void StorageState::host_write(bool whole) {
 }
 
 void StorageState::device_read() {
+  settle();
   if (residency == Residency::Host) {
     push();
     residency = Residency::Synced;
@@ -286,6 +300,7 @@ void StorageState::device_read() {
 }
 
 void StorageState::device_write(bool whole) {
+  settle();
   finite_dtype.reset();
   if (residency == Residency::Host && !whole) {
     push();
@@ -296,6 +311,7 @@ void StorageState::device_write(bool whole) {
 }
 
 void StorageState::adopt_device(at::Tensor memory) {
+  settle();
   if (!block) {
     block = claim(index).malloc(nbytes, /*with_memory=*/false);
   }
@@ -306,14 +322,17 @@ void StorageState::adopt_device(at::Tensor memory) {
 }
 
 at::Tensor StorageState::host_alias(const at::Tensor& t) {
+  settle();
   return alias_of(t, host_cpu_storage());
 }
 
 at::Tensor StorageState::device_alias(const at::Tensor& t) {
+  settle();
   return alias_of(t, device_cpu_storage());
 }
 
 at::Tensor StorageState::device_input_alias(const at::Tensor& t) {
+  settle();
   const at::Tensor& mem = block->memory;
   const auto dtype = t.scalar_type();
   const int64_t offset = t.storage_offset();
@@ -336,15 +355,18 @@ at::Tensor StorageState::device_input_alias(const at::Tensor& t) {
 }
 
 at::Tensor StorageState::host_flat(c10::ScalarType dtype) {
+  settle();
   const int64_t n = nbytes / static_cast<int64_t>(c10::elementSize(dtype));
   return tensor_over(host_cpu_storage(), dtype, {n}, {1}, 0);
 }
 
 at::Tensor StorageState::host_bytes() {
+  settle();
   return tensor_over(host_cpu_storage(), at::kByte, {nbytes}, {1}, 0);
 }
 
 at::Tensor StorageState::device_bytes() {
+  settle();
   return tensor_over(device_cpu_storage(), at::kByte, {nbytes}, {1}, 0);
 }
 

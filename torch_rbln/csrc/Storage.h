@@ -5,7 +5,10 @@
 //              from a size-bucketed host pool;
 //   block      the device memory, a Block of the device's arena, booked at the first device use
 //              (or at creation with TORCH_RBLN_EAGER_MALLOC=1);
-//   residency  which side holds the latest data: Host, Device or Synced (both).
+//   residency  which side holds the latest data: Host, Device or Synced (both);
+//   pending    queued work (a non_blocking copy on a stream's worker) that writes the memory:
+//              every transition, alias and the deleter wait for it first, so nothing reads or
+//              frees the memory while the worker writes it.
 // The DataPtr's deleter returns the block to the arena and the host memory to the pool.
 // Transitions and the events they record are listed in torch_rbln/runtime/storage.py.
 #pragma once
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "Arena.h"
+#include "Stream.h"
 
 namespace torch_rbln {
 
@@ -42,6 +46,17 @@ struct StorageState {
   Residency residency = Residency::Host;
   // the dtype as which the NaN/Inf scan found the whole storage finite; cleared by every write
   std::optional<c10::ScalarType> finite_dtype;
+
+  // the queued work that uses this storage's memory, and the memory it reads (a pinned
+  // source), kept alive until it has run; cleared by `settle`
+  QueuePoint pending;
+  c10::Storage pending_source;
+  // waits for the pending work (a no-op when there is none)
+  void settle() {
+    if (C10_UNLIKELY(static_cast<bool>(pending))) {
+      wait_pending();
+    }
+  }
 
   // residency transitions (recording h2d / d2h)
   void host_read();
@@ -75,6 +90,7 @@ struct StorageState {
   const c10::Storage& host_cpu_storage();
   const c10::Storage& device_cpu_storage();
   void device_memory_changed();
+  void wait_pending();
 
   c10::Storage host_cpu_;    // CPU storages over each side (non-owning, not resizable), made
   c10::Storage device_cpu_;  // on first use

@@ -143,11 +143,14 @@ c10::Stream make(c10::DeviceIndex index, c10::StreamId id) {
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, index), id);
 }
 
+std::atomic<uint64_t> generation{0};   // moves at every fork (in the child)
+
 // A forked child (a DataLoader worker) has no worker threads: give it fresh, empty queues.
 void reset_after_fork() {
   for (auto& d : devices) {
     d.store(nullptr);
   }
+  generation.fetch_add(1);
 }
 [[maybe_unused]] const int fork_handler = pthread_atfork(nullptr, nullptr, reset_after_fork);
 
@@ -201,6 +204,25 @@ void synchronize_device(c10::DeviceIndex index) {
 
 uint64_t enqueue(const c10::Stream& s, std::function<void()> work) {
   return queue_of(s).enqueue(std::move(work));
+}
+
+QueuePoint enqueue_point(const c10::Stream& s, std::function<void()> work) {
+  Queue& q = queue_of(s);
+  QueuePoint p;
+  p.generation = generation.load();
+  p.pos = q.enqueue(std::move(work));
+  p.queue = &q;
+  return p;
+}
+
+bool point_reached(const QueuePoint& p) {
+  return !p || p.generation != generation.load() || static_cast<Queue*>(p.queue)->reached(p.pos);
+}
+
+void wait_point(const QueuePoint& p) {
+  if (!point_reached(p)) {
+    static_cast<Queue*>(p.queue)->wait(p.pos);
+  }
 }
 
 void record_event(void** event, const c10::Stream& s) {

@@ -31,6 +31,20 @@ void synchronize_device(c10::DeviceIndex index);              // every stream of
 // synchronize of that stream (or device).
 uint64_t enqueue(const c10::Stream& stream, std::function<void()> work);
 
+// A point of one stream's queue: reached once the work queued up to it has finished. Storage
+// states keep the point of the queued work that uses their memory (see Storage.h).
+struct QueuePoint {
+  void* queue = nullptr;   // null: nothing to wait for
+  uint64_t pos = 0;
+  uint64_t generation = 0;   // a forked child has fresh queues: points of its parent count as reached
+  explicit operator bool() const { return queue != nullptr; }
+};
+// `enqueue`, returning the point of `work`
+QueuePoint enqueue_point(const c10::Stream& stream, std::function<void()> work);
+bool point_reached(const QueuePoint& point);
+// Blocks until `point` is reached (without holding the GIL).
+void wait_point(const QueuePoint& point);
+
 // The guard's event interface (an event is an opaque pointer owned by c10::Event).
 void record_event(void** event, const c10::Stream& stream);
 void block_on_event(void* event, const c10::Stream& stream);

@@ -6,23 +6,70 @@ and memory").
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
-from .. import events
+from .. import _C, config, events
 from ..runtime.storage import DEVICE, HOST, SYNCED, host_input, state_of
 from . import factories
 from .layout import spans_storage
 
 _record = events.record
+_log = logging.getLogger("torch_rbln")
+
+
+class NonBlockingCopyError(RuntimeError):
+    """A ``non_blocking=True`` copy cannot run asynchronously and its blocking fallback is
+    disabled (``TORCH_RBLN_DISABLE_FALLBACK=non_blocking_copy``)."""
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _h2d(src: torch.Tensor, dst: torch.Tensor) -> None:
+def _plain(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+def _why_blocking_h2d(src: torch.Tensor, dst: torch.Tensor) -> str | None:
+    """Why a non_blocking host -> device copy cannot run on the copy engine (None: it can).
+    The engine moves the bytes of pinned memory as they are, into a contiguous destination."""
+    if not src.is_pinned():
+        return "the source is not pinned memory; pin it with .pin_memory() or DataLoader(pin_memory=True)"
+    if src.dtype != dst.dtype or src.shape != dst.shape:
+        return "the copy converts the dtype or broadcasts"
+    if not (_plain(src) and _plain(dst)):
+        return "the source or the destination is not contiguous"
+    return None
+
+
+_warned_blocking = False
+
+
+def _blocking_fallback(why: str) -> None:
+    """A non_blocking copy served as a blocking one: a warning once, or the error when the
+    ``non_blocking_copy`` fallback is disabled (read at each copy)."""
+    global _warned_blocking
+    if "non_blocking_copy" in config.live("TORCH_RBLN_DISABLE_FALLBACK"):
+        raise NonBlockingCopyError(
+            f"Non-blocking copy is not supported on RBLN devices for this copy: {why}. To "
+            f"enable fallback to blocking copy, remove 'non_blocking_copy' from "
+            f"`TORCH_RBLN_DISABLE_FALLBACK`.")
+    if not _warned_blocking:
+        _warned_blocking = True
+        _log.warning("Non-blocking copy is not supported for this copy, falling back to "
+                     "blocking copy: %s", why)
+
+
+def _h2d(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> None:
+    if non_blocking:
+        why = _why_blocking_h2d(src, dst)
+        if why is None:
+            _C.copy_h2d_async(src, dst)   # queued on the current stream of dst's device
+            return
+        _blocking_fallback(why)
     state = state_of(dst)
     if src.dtype != dst.dtype or not src.is_contiguous() or src.shape != dst.shape:
         _record("bounce", "copy_h2d_staging", _nbytes(src))
@@ -76,9 +123,11 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     if s_rbln and d_rbln:
         _d2d(self, dst)
     elif s_rbln:
+        if non_blocking:   # the result is readable when the call returns
+            _blocking_fallback("device to host copies complete before the call returns")
         _d2h(self, dst)
     else:
-        _h2d(self, dst)
+        _h2d(self, dst, non_blocking)
     return dst
 
 
