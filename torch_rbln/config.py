@@ -279,6 +279,10 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "Dtypes that skip the performance fallbacks (64-alignment rule)."),
     Var("TORCH_RBLN_DEPLOY", False, _flag_exact_on, "live", "ON",
         "Deploy mode: skip the host NaN/Inf scan before device dispatch."),
+    Var("TORCH_RBLN_NATIVE_WARM_PATH", True, _flag_truthy, "import",
+        "1/true/t/yes/y/on or 0/false/f/no/n/off",
+        "Serve program-cache hits of eager device ops from the native core (default on); off "
+        "runs every op through the Python kernel, for comparison (ours)."),
     Var("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK", frozenset(), _check_names, "live",
         "comma list of " + ", ".join(CHECK_NAMES) + ", or all",
         "Development only: skip the named pre-dispatch checks (warns once)."),

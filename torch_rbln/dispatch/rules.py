@@ -16,13 +16,12 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .. import config
+from .. import _C, config
 from ..runtime.storage import state_of
 from .layout import spans_storage
 from .optable import OpEntry
@@ -101,9 +100,9 @@ class Rule:
     graph: bool = False  # decidable from a traced graph
 
 
-# per-thread count of device programs running (the ``reentrant`` rule); the device-op kernel
-# raises and restores it around each program
-running = threading.local()
+# per-thread count of device programs running (the ``reentrant`` rule), kept by the native core:
+# both the Python kernel and the native warm path raise and restore it around each program
+_program_depth = _C.program_depth
 
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
 _isfinite = math.isfinite
@@ -147,7 +146,7 @@ def nonfinite_scalar(args, scalars) -> bool:
 
 
 def reentrant() -> bool:
-    if getattr(running, "depth", 0):
+    if _program_depth():
         _log.warning("Unexpected CPU fallback: reentrant dispatch (already inside RBLN compile op)")
         return True
     return False
