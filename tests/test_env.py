@@ -81,7 +81,7 @@ BAD = {
     "RBLN_DEVICES": "abc", "RBLN_VISIBLE_DEVICES": "abc", "RBLN_NPUS_PER_DEVICE": "3",
     "RBLN_DEVICE_MAP": "0,1", "RBLN_FORCE_NPU_NAME": "GPU-1", "RBLN_DUMMY_DEVICE": "maybe",
     "TORCH_RBLN_VIRTUAL_NPUS": "none", "TORCH_RBLN_DEVICE_MEMORY": "lots",
-    "TORCH_RBLN_NATIVE_WARM_PATH": "maybe",
+    "TORCH_RBLN_NATIVE_WARM_PATH": "maybe", "TORCH_RBLN_MATMUL_PRECISION": "fast",
 }
 
 
@@ -242,6 +242,16 @@ def test_native_warm_path_is_read_at_import():
     """
     assert probe(body, {}) == {"served": 2, "hits": 2}
     assert probe(body, {"TORCH_RBLN_NATIVE_WARM_PATH": "0"}) == {"served": 0, "hits": 2}
+
+
+def test_matmul_precision_is_read_at_import():
+    """Its effect: test_matmul_precision.py; set after import it changes nothing."""
+    body = """
+        from torch_rbln.runtime import executors
+        os.environ["TORCH_RBLN_MATMUL_PRECISION"] = "native"      # too late: read at import
+        print(json.dumps(executors.matmul_precision().form(torch.float16)))
+    """
+    assert probe(body, {"TORCH_RBLN_MATMUL_PRECISION": "widen"}) == "widen"
 
 
 # -- live variables ---------------------------------------------------------------------------

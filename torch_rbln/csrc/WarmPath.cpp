@@ -39,7 +39,9 @@ namespace torch_rbln {
 namespace {
 
 enum class Mode : int8_t { Out = 0, Inplace = 1, Functional = 2 };
-enum class Form : int8_t { Direct = 0, Widen = 1 };
+// Direct: the functional op on device aliases; Matmul: the same, with fp32 operands and one
+// rounding for the dtypes this CPU has no native GEMM for (executors.matmul)
+enum class Form : int8_t { Direct = 0, Matmul = 1 };
 
 // ------------------------------------------------------------------------------------------
 // process-wide switches and the state shared with the Python path
@@ -48,8 +50,9 @@ std::atomic<bool> enabled{true};
 std::atomic<int64_t> generation{0};  // bumped whenever the program cache is dropped
 std::atomic<int64_t> served{0};      // calls the warm path ran itself (tests read it)
 
-// the dtypes of the eager dispatch catalog and of the strict set (rules.configure)
-std::vector<c10::ScalarType> dispatch_dtypes, strict_dtypes;
+// the dtypes of the eager dispatch catalog and of the strict set (rules.configure), and the
+// half-precision dtypes whose matmuls are widened (executors.matmul_precision)
+std::vector<c10::ScalarType> dispatch_dtypes, strict_dtypes, widened_dtypes;
 
 // device programs running on this thread (the `reentrant` rule); both paths raise it
 thread_local int program_depth = 0;
@@ -269,7 +272,7 @@ struct Program {
 // what one call needs to know before it runs
 struct Call {
   c10::DeviceIndex index = 0;
-  c10::ScalarType dtype = at::kHalf;  // the operands' dtype (the widened form rounds to it)
+  c10::ScalarType dtype = at::kHalf;  // the operands' dtype (a widened matmul rounds to it)
   int deploy = 0;
 };
 
@@ -509,6 +512,7 @@ class WarmKernel final : public c10::OperatorKernel {
         }
       }
     }
+    const bool widen = form_ == Form::Matmul && contains(widened_dtypes, call.dtype);
     torch::jit::Stack fn_stack;
     fn_stack.reserve(fn_args_.size());
     const auto& fn_schema = fn_.schema();
@@ -518,7 +522,7 @@ class WarmKernel final : public c10::OperatorKernel {
         fn_stack.push_back(*fn_schema.arguments()[j].default_value());
       } else if (inputs[src].defined()) {
         at::Tensor a = inputs[src];
-        if (form_ == Form::Widen && (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16)) {
+        if (widen && (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16)) {
           a = a.to(at::kFloat);
         }
         fn_stack.emplace_back(std::move(a));
@@ -531,7 +535,7 @@ class WarmKernel final : public c10::OperatorKernel {
       fn_.callBoxed(fn_stack);
     }
     at::Tensor result = fn_stack.back().toTensor();
-    if (form_ == Form::Widen && result.scalar_type() != call.dtype) {
+    if (widen && result.scalar_type() != call.dtype) {
       result = result.to(call.dtype);
     }
     for (const auto& a : inputs) {
@@ -652,9 +656,10 @@ void bind_warm_path(py::module_& m) {
         "registered on PrivateUse2.");
   m.def("warm_configure",
         [](std::vector<c10::ScalarType> dispatch, std::vector<c10::ScalarType> strict,
-           py::object deliver) {
+           std::vector<c10::ScalarType> widened, py::object deliver) {
           dispatch_dtypes = std::move(dispatch);
           strict_dtypes = std::move(strict);
+          widened_dtypes = std::move(widened);
           if (python_deliver == nullptr) {
             python_deliver = new py::object();  // never freed: kernels may call it until exit
           }

@@ -177,8 +177,9 @@ def make_kernel(entry: OpEntry, registered_name: str):
 
 # The native warm path (csrc/WarmPath.cpp) serves a program-cache hit of these ops without
 # Python; their Python kernels above stay the reference for everything else (cold compiles,
-# fallbacks, listeners). It runs the program forms it knows: the functional aten op itself.
-_WARM_FORMS = {"direct": 0}
+# fallbacks, listeners). It runs the program forms it knows: the functional aten op itself, and
+# the matrix units' (that op, widened to fp32 for the dtypes executors.matmul_precision widens).
+_WARM_FORMS = {"direct": 0, "matmul": 1}
 _MODES = {"out": 0, "inplace": 1, "functional": 2}
 
 
@@ -192,8 +193,9 @@ def register_warm_path() -> set:
     """Put the native warm path in front of every device op it can serve; returns the names
     whose Python kernel the caller registers on PrivateUse2 (where the warm path calls it)."""
     from .optable import DEVICE_OPS
+    widened = [d for d in executors.HALF if d not in executors.matmul_precision().native]
     _C.warm_configure(sorted(rules.DISPATCH_DTYPES, key=str), sorted(rules.STRICT_DTYPES, key=str),
-                      results.deliver_device)
+                      widened, results.deliver_device)
     _C.set_warm_path(config.latched("TORCH_RBLN_NATIVE_WARM_PATH"))
     served = set()
     for e in DEVICE_OPS:

@@ -81,12 +81,15 @@ def fp32_matmuls(gm: torch.fx.GraphModule) -> None:
     """Give half-precision matmuls the NPU's numerics explicitly: operands widened to fp32,
     fp32 accumulation, the result rounded once. A host without a native fp16 GEMM runs the
     half-precision kernel several times slower than fp32 (AVX2: ~7x), so this is also what
-    makes device programs fast."""
+    makes device programs fast. Dtypes this CPU has native GEMMs for (AVX512-FP16/AMX: fp32
+    accumulation, one rounding already) stay as they are: the choice eager programs make too
+    (``executors.matmul_precision``)."""
+    widened = tuple(d for d in _HALF if d not in executors.matmul_precision().native)
     g = gm.graph
     for n in list(g.nodes):
         v = n.meta.get("val")
         if (n.op != "call_function" or n.target not in _MATMULS
-                or getattr(v, "dtype", None) not in _HALF):
+                or getattr(v, "dtype", None) not in widened):
             continue
         with g.inserting_before(n):
             n.args = tuple(g.call_function(_to_copy, (a,), {"dtype": torch.float32})

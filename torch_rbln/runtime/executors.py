@@ -8,6 +8,11 @@ to the output dtype once, at the op boundary. The forms:
   internally and round once, which is exactly the NPU contract, so no extra pass is needed.
 * ``fp32``    widen every fp16/bf16 input to fp32, run the op, round each floating output to
   its dtype (for ops whose CPU kernel would round between internal steps).
+* ``matmul``  the matrix units: ``direct`` where this CPU has native half-precision GEMM kernels
+  (AVX512-FP16 / AMX for fp16, AVX512-BF16 / AMX for bf16: fp32 accumulation, one rounding),
+  ``fp32`` elsewhere (without them PyTorch's half-precision GEMM is many times slower than
+  widening). :func:`matmul_precision` makes the choice once per process; graph programs make
+  the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it.
 * custom      programs whose body is written out here (attention, ``linear_backward``): each
   step in fp32, one rounding per output.
 """
@@ -15,10 +20,13 @@ to the output dtype once, at the op boundary. The forms:
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-_LOW = (torch.float16, torch.bfloat16)
+_LOW = HALF = (torch.float16, torch.bfloat16)
 _f32 = torch.float32
 
 
@@ -203,10 +211,85 @@ CUSTOM = {
 }
 
 
+# ------------------------------------------------------------------------------------------
+# matmul precision per CPU
+
+# oneDNN's ISA levels from low to high (ONEDNN_MAX_CPU_ISA caps the kernels it may use); the
+# first level with native fp16 / bf16 GEMMs
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16",
+                "AVX10_1_512_AMX", "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16",
+                "AVX512_CORE_AMX_FP16", "ALL", "DEFAULT")
+_ONEDNN_NATIVE = {torch.float16: "AVX10_1_512", torch.bfloat16: "AVX512_CORE_BF16"}
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@dataclass(frozen=True)
+class MatmulPrecision:
+    """How half-precision matmuls compute on this host: ``"native"`` (the dtype's own CPU
+    kernel) or ``"widen"`` (fp32 operands, one rounding), per dtype, and why."""
+    native: frozenset
+    reason: str
+
+    def form(self, dtype) -> str:
+        return "native" if dtype in self.native else "widen"
+
+    @property
+    def summary(self) -> str:
+        kinds = ", ".join(f"{str(d).removeprefix('torch.')} {self.form(d)}"
+                          for d in (torch.float16, torch.bfloat16))
+        return f"{kinds} ({self.reason})"
+
+
+@lru_cache(maxsize=None)
+def matmul_precision() -> MatmulPrecision:
+    """The process's choice (TORCH_RBLN_MATMUL_PRECISION, read once: ``auto`` detects)."""
+    from .. import config
+    forced = config.latched("TORCH_RBLN_MATMUL_PRECISION")
+    if forced == "native":
+        return MatmulPrecision(frozenset({torch.float16, torch.bfloat16}),
+                               "TORCH_RBLN_MATMUL_PRECISION=native")
+    if forced == "widen":
+        return MatmulPrecision(frozenset(), "TORCH_RBLN_MATMUL_PRECISION=widen")
+    cap = torch.backends.cpu.get_cpu_capability()
+    if not cap.startswith("AVX512"):
+        return MatmulPrecision(frozenset(), f"kernel capability {cap}: no native half-precision "
+                                            f"GEMM")
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").strip().upper()
+    level = _ONEDNN_ISAS.index(isa) if isa in _ONEDNN_ISAS else len(_ONEDNN_ISAS)
+    flags = _cpu_flags()
+    has = {torch.float16: bool(flags & {"avx512_fp16", "amx_fp16"}),
+           torch.bfloat16: bool(flags & {"avx512_bf16", "amx_bf16"})}
+    native = frozenset(d for d, ok in has.items()
+                       if ok and level >= _ONEDNN_ISAS.index(_ONEDNN_NATIVE[d]))
+    found = [f for f in ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16") if f in flags]
+    return MatmulPrecision(native, f"capability {cap}, CPU flags: {', '.join(found) or 'none'}"
+                                   f"{'; ONEDNN_MAX_CPU_ISA=' + isa if isa != 'ALL' else ''}")
+
+
+def matmul(fn, out_meta):
+    dtype = out_meta[1] if isinstance(out_meta, tuple) and len(out_meta) == 3 else None
+    if isinstance(dtype, torch.dtype) and dtype in matmul_precision().native:
+        return direct(fn, out_meta)
+    return fp32(fn, out_meta)
+
+
 def build(kernel: str, fn, out_meta):
     """The run callable of a program compiled for ``fn`` in executor form ``kernel``."""
     if kernel == "direct":
         return direct(fn, out_meta)
     if kernel == "fp32":
         return fp32(fn, out_meta)
+    if kernel == "matmul":
+        return matmul(fn, out_meta)
     return CUSTOM[kernel]
