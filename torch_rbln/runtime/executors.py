@@ -102,12 +102,22 @@ def _sum_heads(g, hk):
     return g.unflatten(-3, (hk, h // hk)).sum(-3)
 
 
-def _safe_softmax(s, lse):
-    """Attention weights ``softmax(s)`` in which a row whose logits are all ``-inf`` (a query
-    that may attend to no key: a fully masked row) is zeros instead of NaN, as PyTorch's own
-    attention (``aten::_safe_softmax``) defines it. ``lse`` is the row's logsumexp, ``-inf``
-    exactly for such rows (a row holding a NaN stays NaN, as there)."""
-    return torch.softmax(s, -1).masked_fill(lse.unsqueeze(-1).eq(float("-inf")), 0.0)
+def _softmax_and_lse(s):
+    """Attention weights ``softmax(s)`` and each row's logsumexp. A row whose logits are all
+    ``-inf`` (a query that may attend to no key: a fully masked row) has zero weights instead of
+    NaN, as PyTorch's own attention (``aten::_safe_softmax``) defines it, and logsumexp ``-inf``
+    (a row holding a NaN stays NaN).
+
+    The logsumexp is read off the softmax instead of computed by a pass of its own (several
+    times the softmax's cost on a CPU): at a row's largest logit ``m`` the weight is
+    ``exp(m - lse)``, so ``lse = m - log(max weight)``. The weights are the softmax kernel's own,
+    so the attention's output does not change; only ``lse`` may differ from ``torch.logsumexp``
+    in its last bits (the backward recomputes its own weights and does not read it)."""
+    m = s.amax(-1)
+    masked = m.eq(float("-inf"))
+    w = torch.softmax(s, -1).masked_fill(masked.unsqueeze(-1), 0.0)
+    lse = torch.where(masked, m, m - w.amax(-1).log())
+    return w, lse
 
 
 def dropout_keep(seed: int, shape, p: float) -> torch.Tensor:
@@ -129,8 +139,7 @@ def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
     dtype = q.dtype
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     s = _scores(q.to(_f32), k.to(_f32), attn_bias, is_causal, sc)
-    lse = torch.logsumexp(s, -1)
-    w = _safe_softmax(s, lse)
+    w, lse = _softmax_and_lse(s)
     vr = _repeat_kv(v.to(_f32), q.shape[-3])
     if dropout_p > 0.0:
         w = w.masked_fill(dropout_mask.logical_not(), 0.0)
@@ -162,7 +171,7 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     qf, kf, vf, go = q.to(_f32), k.to(_f32), v.to(_f32), grad_out.to(_f32)
     s = _scores(qf, kf, attn_bias, is_causal, sc)
-    w = _safe_softmax(s, torch.logsumexp(s, -1))
+    w, _ = _softmax_and_lse(s)
     kr, vr = _repeat_kv(kf, h), _repeat_kv(vf, h)
     if dropout_p > 0.0:
         # out = (w * keep) @ (v * c): the dropped weights get no gradient
