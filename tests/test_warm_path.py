@@ -194,3 +194,32 @@ def test_a_device_op_inside_a_program_is_reentrant():
         _C.leave_program(depth)
     assert events.snapshot()["cpu_fallback_reason"]["reentrant"][0] == before + 1
     assert torch.equal(r.cpu(), a.cpu() + a.cpu())
+
+
+def test_the_scans_deferred_copy_keeps_every_read_and_write_right():
+    """The NaN/Inf scan of a device-latest operand records its d2h and leaves the storage
+    host-readable (Synced) as before; the copy itself waits for a host reader. Reads, partial
+    host writes and device writes after it all see the right bytes, and nothing more is
+    recorded."""
+    from torch_rbln.runtime.storage import SYNCED, state_of
+    a = torch.randn(4, 64).to(H).to(D)
+    ref = a.cpu() * 2
+    for _ in range(2):
+        x = a * 2                                      # device-latest
+        d2h = events.total("d2h")
+        y = x + 1                                      # the scan reads x: one d2h recorded
+        assert events.total("d2h") == (d2h[0] + 1, d2h[1] + x.numel() * 2)
+        assert state_of(x).residency == SYNCED
+        assert torch.equal(x.cpu(), ref)               # the host view is right, nothing new
+        assert events.total("d2h") == (d2h[0] + 1, d2h[1] + x.numel() * 2)
+        assert torch.equal(y.cpu(), ref + 1)
+    z = a * 2
+    z + 1                                              # scanned, host copy deferred
+    z[0, :3] = 7.0                                     # a partial host write keeps the rest
+    expect = ref.clone()
+    expect[0, :3] = 7.0
+    assert torch.equal(z.cpu(), expect)
+    w = a * 2
+    w + 1
+    torch.mul(w, 0, out=w)                             # a device write after the scan
+    assert torch.equal(w.cpu(), torch.zeros(4, 64, dtype=H))

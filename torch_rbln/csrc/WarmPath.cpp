@@ -160,6 +160,11 @@ bool finite_scalar(const at::Tensor& t) {
   }
 }
 
+}  // namespace
+
+// rules.has_nonfinite of an rbln tensor: one sum in a dtype that cannot overflow. The host
+// read's d2h is recorded as the scan's, but the bytes are read where they are: the copy waits
+// for a real host reader (most device-latest operands never get one).
 bool has_nonfinite(const at::Tensor& t) {
   const auto acc = scan_accumulator(t.scalar_type());
   if (!acc) {
@@ -169,15 +174,19 @@ bool has_nonfinite(const at::Tensor& t) {
   if (s->finite_dtype == t.scalar_type()) {
     return false;
   }
-  s->host_read();
+  const bool device_side = s->host_read_deferred();
   const bool whole = spans(t, s->nbytes);
-  at::Tensor h = whole ? s->host_flat(t.scalar_type()) : s->host_alias(t);
+  at::Tensor h = whole ? (device_side ? s->device_bytes().view(t.scalar_type())
+                                      : s->host_flat(t.scalar_type()))
+                       : (device_side ? s->device_alias(t) : s->host_alias(t));
   const bool bad = !std::isfinite(at::sum(h, *acc).item<double>());
   if (whole && !bad) {
     s->finite_dtype = t.scalar_type();
   }
   return bad;
 }
+
+namespace {
 
 // ------------------------------------------------------------------------------------------
 // the cache key: everything the Python key is made of (and more: strides, the out tensor), so
@@ -676,6 +685,8 @@ void bind_warm_path(py::module_& m) {
   m.def("warm_path_enabled", []() { return enabled.load(); });
   m.def("warm_path_served", []() { return served.load(); },
         "Calls the warm path ran itself since the process started.");
+  m.def("has_nonfinite", &has_nonfinite,
+        "The NaN/Inf scan of an rbln tensor (rules.has_nonfinite; marks a finite storage).");
   m.def("enter_program", []() {
     if (pending != nullptr) {
       pending->ran = true;

@@ -22,8 +22,6 @@ from typing import Callable
 import torch
 
 from .. import _C, config
-from ..runtime.storage import state_of
-from .layout import spans_storage
 from .optable import OpEntry
 
 _log = logging.getLogger("torch_rbln")
@@ -113,25 +111,20 @@ _SCAN_ACC = {torch.float16: torch.float32, torch.bfloat16: torch.float64,
 
 
 def has_nonfinite(t: torch.Tensor) -> bool:
-    """The host NaN/Inf scan of one operand: a physical d2h first if its data is on device.
+    """The NaN/Inf scan of one operand: one sum in a dtype wide enough that finite inputs never
+    overflow (any NaN/Inf, and only that, makes it non-finite).
 
-    A storage scanned whole and found finite stays marked until its next write (the mark is
-    cleared by every residency write transition), so unchanged weights are scanned once."""
+    For an rbln tensor (in the native core, which the warm path calls too) a device-latest
+    storage records its physical d2h and becomes host-readable as a host read makes it, but
+    the scan reads the device bytes in place: the copy itself waits until the host view is
+    read. A storage scanned whole and found finite stays marked until its next write, so
+    unchanged weights are scanned once."""
     acc = _SCAN_ACC.get(t.dtype)
     if acc is None:
         return False            # bool and integer tensors never count
     if t.get_device() < 0:      # not an rbln tensor
         return not _isfinite(t.sum(dtype=acc).item())
-    state = state_of(t)
-    if state.finite_dtype is t.dtype:
-        return False
-    state.host_read()
-    whole = spans_storage(t, state.nbytes)
-    h = state.host_flat(t.dtype) if whole else state.host_alias(t)
-    bad = not _isfinite(h.sum(dtype=acc).item())
-    if whole and not bad:
-        state.finite_dtype = t.dtype
-    return bad
+    return _C.has_nonfinite(t)
 
 
 def nonfinite_scalar(args, scalars) -> bool:
