@@ -75,8 +75,19 @@ def warm_add(rounds: int) -> None:
     ac = a.cpu()
     for _ in range(200):
         a + a
-    rb, cp = interleaved([lambda: a + a, lambda: ac + ac], rounds=rounds * 3, calls=5000)
+    from torch_rbln import _C
+
+    on = _C.warm_path_enabled()      # TORCH_RBLN_NATIVE_WARM_PATH
+
+    def python_kernel():
+        _C.set_warm_path(False)
+        a + a
+        _C.set_warm_path(on)
+
+    rb, py, cp = interleaved([lambda: a + a, python_kernel, lambda: ac + ac], rounds=rounds * 3,
+                             calls=5000)
     row("warm `a + a`, 64 fp16", rb * 1e6, cp * 1e6, "us", "<= 10 us")
+    row("(the same through the Python kernel, for comparison)", py * 1e6, cp * 1e6, "us", "")
 
 
 def forward_rows(quick: bool, rounds: int) -> None:

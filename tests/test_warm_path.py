@@ -60,6 +60,9 @@ def _ops(rng: random.Random):
         t[0, 0] = float("nan")
         return t + pick(pool)
 
+    def nan_scalar(pool):
+        pick(pool) * float("nan")          # in deploy mode: compiled on every call (NaN != NaN)
+
     w = torch.randn(64, 64).to(H).to(D)
     b = torch.randn(64).to(H).to(D)
     return [
@@ -91,6 +94,7 @@ def _ops(rng: random.Random):
         ("fp32 (fallback)", lambda p: (pick(p).float() + 1).to(H)),
         ("unaligned (fallback)", lambda p: torch.cat([pick(p)[:, :48] * 2, pick(p)[:, 48:]], 1)),
         ("nan input (fallback)", nan_input),
+        ("nan scalar", nan_scalar),
         ("deploy on/off", deploy),
     ]
 

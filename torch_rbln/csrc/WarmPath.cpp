@@ -213,6 +213,9 @@ bool key_of_tensor(const at::Tensor& t, std::vector<const c10::TensorImpl*>& see
     if (t.is_complex()) {
       return false;
     }
+    if (!finite_scalar(t)) {
+      return false;  // NaN never equals itself: the Python key never hits, every call compiles
+    }
     int64_t bits = 0;
     std::memcpy(&bits, t.const_data_ptr(), std::min<size_t>(t.itemsize(), sizeof(bits)));
     key.insert(key.end(), {kScalarTensor, static_cast<int64_t>(t.scalar_type()), bits, first});
@@ -237,6 +240,9 @@ bool key_of(const c10::IValue& v, std::vector<const c10::TensorImpl*>& seen,
     key.insert(key.end(), {kInt, v.toInt()});
   } else if (v.isDouble()) {
     double d = v.toDouble();
+    if (std::isnan(d)) {
+      return false;  // as a NaN scalar operand: a fresh Python float never matches its key
+    }
     int64_t bits = 0;
     std::memcpy(&bits, &d, sizeof(bits));
     key.insert(key.end(), {kDouble, bits});
