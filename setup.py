@@ -2,6 +2,7 @@
 extension tooling, against the headers of the pinned torch. ``pip install .`` / ``-e .`` run it."""
 
 import glob
+import os
 import shutil
 import sys
 
@@ -21,6 +22,17 @@ def _require_toolchain() -> None:
                  "environment (pyproject.toml lists it under build-system.requires).")
 
 
+def _optimisation_flags() -> list[str]:
+    """``TORCH_RBLN_BUILD_TYPE`` (as the vendor's build reads it): ``Release`` (default) or
+    ``Debug`` (no optimisation, debug info, for gdb)."""
+    kind = os.environ.get("TORCH_RBLN_BUILD_TYPE", "Release")
+    if kind not in ("Release", "Debug"):
+        sys.exit(f"torch-rbln: Invalid TORCH_RBLN_BUILD_TYPE value `{kind}`, expected Release "
+                 "or Debug")
+    # Release: no debug info (Python's default -g): a third less compile time, a 30x smaller .so
+    return ["-O0", "-g"] if kind == "Debug" else ["-O2", "-g0"]
+
+
 _require_toolchain()
 from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
@@ -28,8 +40,7 @@ setup(
     ext_modules=[CppExtension(
         "torch_rbln._C",
         sorted(glob.glob("torch_rbln/csrc/*.cpp")),
-        # no debug info (Python's default -g): a third less compile time, a 30x smaller .so
-        extra_compile_args=["-O2", "-g0", "-std=c++17", "-fvisibility=hidden"],
+        extra_compile_args=[*_optimisation_flags(), "-std=c++17", "-fvisibility=hidden"],
     )],
     # ninja (from the machine) compiles the files in parallel; without it the build is serial
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},

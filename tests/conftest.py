@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -14,6 +17,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+# A process claims the NPUs it commits (one lock file per NPU in a per-user runtime dir, see
+# torch_rbln/runtime/claims.py), as processes on an NPU host do. Keep this session's claims
+# apart from other runs on the machine, and the pytest process's own apart from the processes
+# the tests start (which run one after another and each claim NPU 0 again).
+_RUNTIME_DIRS = tempfile.mkdtemp(prefix="torch-rbln-tests-")
+atexit.register(shutil.rmtree, _RUNTIME_DIRS, True)
+os.environ["XDG_RUNTIME_DIR"] = os.path.join(_RUNTIME_DIRS, "pytest")
+CHILD_RUNTIME_DIR = os.path.join(_RUNTIME_DIRS, "children")
 
 
 def pytest_addoption(parser):
@@ -33,6 +45,7 @@ def pytest_collection_modifyitems(config, items):
 def clean_env(env=None) -> dict:
     """This process's environment without its TORCH_RBLN_* / RBLN_* variables, plus ``env``."""
     full = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_RBLN_", "RBLN_"))}
+    full["XDG_RUNTIME_DIR"] = CHILD_RUNTIME_DIR
     full.update(env or {})
     return full
 

@@ -82,7 +82,11 @@ BAD = {
     "RBLN_DEVICE_MAP": "0,1", "RBLN_FORCE_NPU_NAME": "GPU-1", "RBLN_DUMMY_DEVICE": "maybe",
     "TORCH_RBLN_VIRTUAL_NPUS": "none", "TORCH_RBLN_DEVICE_MEMORY": "lots",
     "TORCH_RBLN_NATIVE_WARM_PATH": "maybe", "TORCH_RBLN_MATMUL_PRECISION": "fast",
+    "TORCH_RBLN_C10D_ASYNC": "sometimes", "RBLN_FORCE_LOOPBACK_CONTROL_PLANE": "maybe",
 }
+# read only by torch.distributed (each collective, each group creation; tested at the end of
+# this file), so a first device use never reads them
+DISTRIBUTED_ONLY = {"TORCH_RBLN_C10D_ASYNC", "RBLN_FORCE_LOOPBACK_CONTROL_PLANE"}
 
 
 def test_a_bad_value_never_breaks_import_torch():
@@ -94,7 +98,7 @@ def test_a_bad_value_never_breaks_import_torch():
     from torch_rbln import config
     assert set(BAD) == set(config.VARS) - {"TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK"}
     at_import = {k: v for k, v in BAD.items() if config.VARS[k].read_at in ("import", "category")}
-    later = {k: v for k, v in BAD.items() if k not in at_import}
+    later = {k: v for k, v in BAD.items() if k not in at_import and k not in DISTRIBUTED_ONLY}
 
     def named(err, name, value):
         return name in err and f"`{value}`" in err
@@ -431,3 +435,47 @@ def test_dummy_device_is_validated_not_emulated():
     out = host_probe("RBLN_DUMMY_DEVICE", "4", "0")
     assert out["count"] == 0
     assert any("Invalid RBLN_DUMMY_DEVICE value `4`" in m for m in out["warnings"])
+
+
+# -- rbln-ccl (torch.distributed) -------------------------------------------------------------
+
+def test_c10d_async_is_read_by_every_collective(monkeypatch):
+    """Default: a collective completes before it returns (the reference's synchronous mode);
+    set, it returns at once and ``wait()`` completes it. Multi-rank behaviour of both modes:
+    test_distributed.py."""
+    import datetime
+    import torch
+    import torch.distributed as dist
+    from torch_rbln.config import EnvError
+    from torch_rbln.distributed.process_group import ProcessGroupRBLN
+    pg = ProcessGroupRBLN(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30), "env")
+    opts = dist.distributed_c10d.AllreduceOptions()
+    x = torch.ones(4, dtype=torch.float16, device="rbln")
+    monkeypatch.delenv("TORCH_RBLN_C10D_ASYNC", raising=False)
+    assert pg.allreduce([x], opts).is_completed()          # completed before returning
+    monkeypatch.setenv("TORCH_RBLN_C10D_ASYNC", "1")
+    w = pg.allreduce([x], opts)
+    assert w.wait() and w.get_future().wait()[0] is x and x.cpu().tolist() == [1.0] * 4
+    monkeypatch.setenv("TORCH_RBLN_C10D_ASYNC", "sometimes")
+    with pytest.raises(EnvError, match="Invalid TORCH_RBLN_C10D_ASYNC value `sometimes`"):
+        pg.allreduce([x], opts)
+
+
+def test_loopback_control_plane_is_read_when_a_group_is_created():
+    code = """
+import json, os, torch, torch.distributed as dist
+os.environ["RBLN_FORCE_LOOPBACK_CONTROL_PLANE"] = os.environ.pop("FORCE_LATER", "0")
+dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1)   # rbln: rbln-ccl
+assert dist.group.WORLD.name() == "rbln-ccl", dist.group.WORLD.name()
+print(json.dumps([os.environ.get("RBLN_LOCAL_IP"), os.environ.get("RBLN_ROOT_IP")]))
+"""
+    def ips(env):
+        r = run_code(code, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip().splitlines()[-1]
+    assert ips({}) == '["127.0.0.1", "127.0.0.1"]'                       # defaults
+    assert ips({"RBLN_LOCAL_IP": "10.0.0.5"}) == '["10.0.0.5", "127.0.0.1"]'
+    assert ips({"RBLN_LOCAL_IP": "10.0.0.5", "FORCE_LATER": "1"}) == '["127.0.0.1", "127.0.0.1"]'
+    r = run_code(code, env={"FORCE_LATER": "maybe"})
+    assert r.returncode != 0
+    assert "Invalid RBLN_FORCE_LOOPBACK_CONTROL_PLANE value `maybe`" in r.stderr

@@ -135,6 +135,51 @@ def test_graph_applies_eager_dtype_and_alignment_rules():
                                                      "last-dim-not-64-aligned": 1}
 
 
+_lib = torch.library.Library("rbln_graph_test", "DEF")
+_lib.define("scaled(Tensor x, float s) -> Tensor")
+_lib.define("scale_into(Tensor x, float s, Tensor(a!) out) -> ()")
+_seen = []
+
+
+def _scaled(x, s):
+    _seen.append(x.device.type)
+    return x * s                       # an eager device op inside the library's own kernel
+
+
+def _scale_into(x, s, out):
+    _seen.append(out.device.type)
+    out.copy_(x * s)
+
+
+_lib.impl("scaled", _scaled, "PrivateUse1")
+_lib.impl("scale_into", _scale_into, "PrivateUse1")
+_lib._register_fake("scaled", lambda x, s: torch.empty_like(x))
+_lib._register_fake("scale_into", lambda x, s, out: None)
+
+
+def test_custom_op_with_its_own_rbln_kernel_runs_eagerly_between_partitions():
+    # a library's opaque op (vLLM's attention is one) keeps its rbln kernel in a graph: it is
+    # called with the rbln tensors, also when it mutates an argument (auto_functionalized)
+    def f(x):
+        y = torch.ops.rbln_graph_test.scaled(x * 2, 3.0)
+        out = torch.empty_like(y)
+        torch.ops.rbln_graph_test.scale_into(y + 1, 0.5, out)
+        return out - 1
+
+    x = torch.randn(16, 64, dtype=torch.float16)
+    xr = x.to("rbln")
+    eager = _cpu(f(xr))
+    _seen.clear()
+    before = events.snapshot()
+    with torch.rbln.capture_programs() as programs:
+        y = torch.compile(f, backend="rbln", fullgraph=True)(xr)
+    torch.testing.assert_close(_cpu(y), eager, **TOL)
+    torch.testing.assert_close(_cpu(y), (x.float() * 6 + 1) * 0.5 - 1, **TOL)
+    assert _seen == ["rbln", "rbln"]
+    assert programs[0].host_ops == ()
+    assert _delta(before, "cpu_fallback") == {}
+
+
 def test_cpu_tensors_in_a_graph_stay_on_the_cpu_unreported():
     f = torch.compile(lambda x, y: (x.to("rbln") * 2, torch.sin(y) + 1), backend="rbln")
     x, y = torch.randn(64, dtype=torch.float16), torch.randn(8)
@@ -300,3 +345,14 @@ def test_graph_last_dim_rule_for_zero_dim_and_one_element_operands():
     # the 0-d operand has no last dimension: a * b is on the device; c * c is not
     assert programs[0].device_partitions == 1
     assert programs[0].host_ops == (("aten::mul.out", "last-dim-not-64-aligned"),)
+def test_few_row_matmuls_keep_the_half_kernel_of_eager():
+    """A decode-shaped Linear (2 rows, a large weight) in a graph gives eager's exact values:
+    the half-precision kernel, not a per-call fp32 copy of the weight (which costs more than
+    the GEMM and rounds differently)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 2048, dtype=torch.float16).to("rbln")
+    w = (torch.randn(4096, 2048, dtype=torch.float16) * 0.02).to("rbln")
+    with torch.no_grad():
+        eager = nn.functional.linear(x, w)
+        graph = torch.compile(nn.functional.linear, backend="rbln")(x, w)
+    assert torch.equal(graph.cpu(), eager.cpu())

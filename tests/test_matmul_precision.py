@@ -57,7 +57,7 @@ def test_graph_programs_widen_only_what_the_cpu_has_no_kernel_for(monkeypatch, n
     from torch._subclasses.fake_tensor import FakeTensorMode
     gm = _matmul_graph()
     with FakeTensorMode() as mode:
-        a = mode.from_tensor(torch.ones(4, 64, dtype=H))
+        a = mode.from_tensor(torch.ones(64, 64, dtype=H))
         b = mode.from_tensor(torch.ones(64, 8, dtype=H))
         for n in gm.graph.nodes:
             if n.op == "placeholder":
@@ -77,19 +77,22 @@ EAGER = """
     from torch_rbln import _C
     from torch_rbln.runtime import executors
     torch.manual_seed(0)
-    a, b = torch.randn(32, 256).half(), torch.randn(256, 64).half()
+    a, b = torch.randn(64, 256).half(), torch.randn(256, 64).half()
     da, db = a.to("rbln"), b.to("rbln")
     n = _C.warm_path_served()
     got = [torch.mm(da, db).cpu() for _ in range(2)]          # cold (Python), warm (native)
     w = b.t().contiguous()
-    got.append(torch.nn.functional.linear(da, w.to("rbln")).cpu())
-    native = [torch.mm(a, b)] * 2 + [torch.nn.functional.linear(a, w)]
+    got += [torch.nn.functional.linear(da, w.to("rbln")).cpu() for _ in range(2)]
+    native = [torch.mm(a, b)] * 2 + [torch.nn.functional.linear(a, w)] * 2
     widened = [torch.mm(a.float(), b.float()).half()] * 2 + [
-        torch.nn.functional.linear(a.float(), w.float()).half()]
+        torch.nn.functional.linear(a.float(), w.float()).half()] * 2
+    # few rows (a decode step) keep the half-precision kernel either way
+    few = [torch.mm(da[:8].contiguous(), db).cpu() for _ in range(2)]
     print(json.dumps({"form": executors.matmul_precision().form(torch.float16),
                       "served": _C.warm_path_served() - n,
                       "native": [bool(torch.equal(g, r)) for g, r in zip(got, native)],
                       "widened": [bool(torch.equal(g, r)) for g, r in zip(got, widened)],
+                      "few": [bool(torch.equal(g, torch.mm(a[:8], b))) for g in few],
                       "differ": not torch.equal(native[0], widened[0])}))
 """
 
@@ -98,9 +101,10 @@ EAGER = """
 def test_eager_programs_compute_as_chosen(choice):
     """Both paths (the cold Python kernel and the native warm path) run the chosen kernel."""
     out = probe(EAGER, {"TORCH_RBLN_MATMUL_PRECISION": choice})
-    assert out["form"] == choice and out["served"] == 1
+    assert out["form"] == choice and out["served"] == 3
     assert out["differ"]                  # the two kernels round differently on these inputs
-    assert out[{"native": "native", "widen": "widened"}[choice]] == [True, True, True]
+    assert out[{"native": "native", "widen": "widened"}[choice]] == [True] * 4
+    assert out["few"] == [True, True]
 
 
 def test_diagnose_shows_the_choice():

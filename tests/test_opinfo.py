@@ -194,6 +194,146 @@ def test_opinfo(op, dtype, request):
     pytest.fail(f"{len(failures)}/{ran} samples differ on rbln: {failures[0]}")
 
 
+# ------------------------------------------------------------------------------------------
+# dtypes CUDA supports and the CPU kernels lack: rbln accepts the union (library code takes the
+# CUDA path on any device that is not the CPU). CUDA returns the dtype the meta kernels give and
+# computes half types in float; the reference is the CPU op on inputs widened to a dtype its
+# kernel has, rounded to that dtype (or the op's NumPy reference where no CPU dtype works).
+
+_REF_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
+              torch.complex32: torch.complex64, torch.complex64: torch.complex128,
+              torch.bool: torch.float64, torch.uint8: torch.float64, torch.int8: torch.float64,
+              torch.int16: torch.float64, torch.int32: torch.float64, torch.int64: torch.float64}
+
+# CUDA's own kernels with no CPU kernel at all (attention backends): not ops a CPU fallback runs
+_CUDA_KERNELS_ONLY = ("torch.ops.aten._flash_attention_forward",
+                      "torch.ops.aten._efficient_attention_forward")
+
+
+def _cuda_only_params():
+    out = []
+    for name, op in _ops():
+        if name in _CUDA_KERNELS_ONLY:
+            continue
+        for dtype in sorted(op.supported_dtypes("cuda") - op.supported_dtypes("cpu"), key=str):
+            out.append(pytest.param(op, dtype, id=f"{name}-{str(dtype)[6:]}"))
+    return out
+
+
+def _retyped(x, old, new, device):
+    """A copy of a sample argument on ``device``, tensors of dtype ``old`` converted to ``new``."""
+    if isinstance(x, torch.Tensor):
+        c = _cpu_copy(x.detach()) if x.device.type == "rbln" else x.detach().clone()
+        return c.to(device=device, dtype=new if c.dtype == old else c.dtype)
+    if isinstance(x, (list, tuple)):
+        vals = [_retyped(v, old, new, device) for v in x]
+        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
+    if isinstance(x, dict):
+        return {k: _retyped(v, old, new, device) for k, v in x.items()}
+    if isinstance(x, torch.device) and x.type == "rbln":
+        return torch.device(device)
+    if isinstance(x, str) and x.startswith("rbln"):
+        return device
+    return x
+
+
+def _call(op, sample, old, new, device):
+    return op(_retyped(sample.input, old, new, device), *_retyped(sample.args, old, new, device),
+              **_retyped(sample.kwargs, old, new, device))
+
+
+def _flat(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _cuda_reference(op, sample, dtype):
+    """(expected results, how they were computed) or None when no reference can be had."""
+    try:
+        return _flat(_call(op, sample, dtype, dtype, "cpu")), "cpu"
+    except Exception:   # noqa: BLE001 - the CPU kernel lacks the dtype: widen
+        pass
+    try:
+        meta = [m.dtype if isinstance(m, torch.Tensor) else None
+                for m in _flat(_call(op, sample, dtype, dtype, "meta"))]
+    except Exception:   # noqa: BLE001 - no meta kernel: CUDA keeps the input's dtype
+        meta = None
+    try:
+        wide = _flat(_call(op, sample, dtype, _REF_DTYPE[dtype], "cpu"))
+        how = "cpu in " + str(_REF_DTYPE[dtype])[6:]
+    except Exception:   # noqa: BLE001
+        if op.ref is None:
+            return None
+        import numpy as np
+        np_sample = _retyped(sample, dtype, dtype, "cpu").numpy()
+        res = op.ref(np_sample.input, *np_sample.args, **np_sample.kwargs)
+        wide = [torch.as_tensor(np.asarray(r)) for r in _flat(res)]
+        how = "numpy reference"
+    if meta is None:
+        meta = [dtype if isinstance(w, torch.Tensor) else None for w in wide]
+    return [w.to(d) if d is not None and isinstance(w, torch.Tensor) else w
+            for w, d in zip(wide, meta)], how
+
+
+def _compare_cuda(actual, expected, dtype):
+    actual = [_cpu(a) for a in _flat(actual)]
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        if not isinstance(e, torch.Tensor):
+            assert a == e
+            continue
+        assert a.dtype == e.dtype, f"dtype {a.dtype}, CUDA returns {e.dtype}"
+        assert a.shape == e.shape, f"shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+        if e.dtype == torch.complex32:      # compared through complex64 (isclose lacks chalf)
+            a, e = a.to(torch.complex64), e.to(torch.complex64)
+        half = e.dtype in (torch.float16, torch.bfloat16, torch.complex64)
+        atol, rtol = _tolerance(torch.bfloat16 if e.dtype == torch.bfloat16 else
+                                torch.float16 if half else torch.float32)
+        torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True,
+                                   check_device=False, check_stride=False)
+
+
+@pytest.mark.parametrize("op,dtype", _cuda_only_params())
+def test_opinfo_cuda_dtypes(op, dtype, request):
+    """Dtypes only CUDA supports: rbln returns CUDA's dtype and values."""
+    full = request.config.getoption("--runslow") or os.environ.get("TORCH_RBLN_RUNSLOW") == "1"
+    limit = None if full else SAMPLES
+    random_op = op.name in RANDOM_OPS
+    stats = STATS["cuda-only"]
+    ran, failures = 0, []
+    old = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        for sample in op.sample_inputs("rbln", dtype, requires_grad=False):
+            if limit is not None and ran >= limit:
+                break
+            torch.manual_seed(0)
+            ref = _cuda_reference(op, sample, dtype)
+            if ref is None:
+                continue
+            expected, how = ref
+            ran += 1
+            stats["ran"] += 1
+            signal.alarm(SAMPLE_TIMEOUT_S)
+            try:
+                torch.manual_seed(0)
+                actual = op(sample.input, *sample.args, **sample.kwargs)
+                if random_op:
+                    assert [getattr(a, "dtype", None) for a in _flat(actual)] == \
+                        [getattr(e, "dtype", None) for e in expected]
+                else:
+                    _compare_cuda(actual, expected, dtype)
+            except Exception as e:  # noqa: BLE001 - every failure is reported below
+                failures.append(f"{type(e).__name__} (reference: {how}): "
+                                f"{str(e).splitlines()[0] if str(e) else ''}")
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert ran, "no sample had a reference"
+    stats["matched"] += ran - len(failures)
+    stats["new"] += len(failures)
+    assert not failures, f"{len(failures)}/{ran} samples differ on rbln: {failures[0]}"
+
+
 def pytest_sessionfinish_report():
     lines = []
     for dt, s in sorted(STATS.items()):

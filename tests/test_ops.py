@@ -34,6 +34,11 @@ class Events:
         keys = [key] if key is not None else a.keys()
         return sum(a.get(k, [0, 0])[0] - b.get(k, [0, 0])[0] for k in keys)
 
+    def amount(self, kind, key=None) -> int:
+        a, b = self.after[kind], self._before[kind]
+        keys = [key] if key is not None else a.keys()
+        return sum(a.get(k, [0, 0])[1] - b.get(k, [0, 0])[1] for k in keys)
+
 
 def rb(*xs):
     return [x.to("rbln") for x in xs]
@@ -175,6 +180,31 @@ def test_native_ops_follow_residency():
         d = torch.cat([c, c])
     assert ev.count("runtime", "v2v_multi") == 1 and ev.count("d2h") == 0
     torch.testing.assert_close(d.cpu(), torch.cat([a.cpu(), a.cpu()]) * 2)
+
+
+def test_index_copy_in_place_moves_only_the_indexed_rows():
+    # a paged KV cache: one large storage, a few rows written per step, also through a view
+    cache = torch.randn(256, 2, 128).half()
+    c = cache.to("rbln") * 1                        # device-latest storage
+    rows, new = torch.tensor([5, 77, 200]), torch.randn(3, 2, 128).half()
+    src, idx = new.to("rbln") * 1, rows.to("rbln")
+    with Events() as ev:
+        out = c.index_copy_(0, idx, src)
+    assert out is c
+    # the index is uploaded (24 bytes); the cache does not cross in either direction
+    assert ev.amount("h2d") == idx.nbytes and ev.count("d2h") == 0
+    assert ev.count("runtime", "v2v_multi") == 1
+    view = c.view(128, 2, 2, 128)[:, :, 0]          # strided view into the same storage
+    view.index_copy_(0, torch.tensor([3, 9]).to("rbln"), src[:2, :, :128].reshape(2, 2, 128))
+    cache.index_copy_(0, rows, new)
+    cache.view(128, 2, 2, 128)[:, :, 0].index_copy_(0, torch.tensor([3, 9]), new[:2])
+    torch.testing.assert_close(c.cpu(), cache)
+    host = torch.zeros(8, 64).to("rbln")            # host-latest self and source: on the host
+    with Events() as ev:
+        host.index_copy_(0, torch.tensor([1, 3]), torch.ones(2, 64).to("rbln"))
+    assert ev.count("runtime", "v2v_multi") == 0 and ev.count("h2d") == 0
+    torch.testing.assert_close(host.cpu(), torch.zeros(8, 64).index_copy_(
+        0, torch.tensor([1, 3]), torch.ones(2, 64)))
 
 
 def test_cat_of_mixed_dtypes_is_a_strided_copy_fallback(caplog):

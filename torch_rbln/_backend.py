@@ -24,8 +24,8 @@ def _native():
 
 def setup() -> None:
     from . import api, log, patches
-    from .dispatch import (composites, copy, data_movement, device_op, factories, fallback,
-                           rules, views)
+    from .dispatch import (composites, copy, cuda_dtypes, data_movement, device_op, factories,
+                           fallback, layouts, rules, views)
     from .runtime import devices
 
     log.setup()
@@ -44,10 +44,10 @@ def setup() -> None:
     for name, fn in device_op.kernels().items():
         aten.impl(name, fn, "PrivateUse2" if name in warm else "PrivateUse1")
     for table in (views.kernels(), factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
-                  composites.KERNELS, fallback.host_kernels()):
+                  composites.KERNELS, fallback.host_kernels(), cuda_dtypes.KERNELS):
         for name, fn in table.items():
             aten.impl(name, fn, "PrivateUse1")
-    for name, fn in composites.AUTOGRAD_KERNELS.items():
+    for name, fn in (*composites.AUTOGRAD_KERNELS.items(), *cuda_dtypes.KERNELS.items()):
         aten.impl(name, fn, "AutogradPrivateUse1")
     for name in copy.MATH_BIT_PASSTHROUGH:
         for key in ("Conjugate", "Negative"):
@@ -55,7 +55,11 @@ def setup() -> None:
     catch_all = torch.library.Library("_", "IMPL")
     _libs.append(catch_all)
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
+    for key in layouts.KEYS:
+        catch_all.fallback(layouts.fallback_for(key), key)
     # autocast is not supported (torch.rbln.get_amp_supported_dtype() is empty, so
     # torch.autocast("rbln") disables itself); should it be forced on, ops run as without it
     catch_all.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     patches.apply_all()
+    from . import distributed
+    distributed.register()      # torch.distributed: the rbln-ccl backend, rbln tensors on gloo

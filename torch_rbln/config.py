@@ -323,6 +323,14 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("TORCH_RBLN_DEVICE_MEMORY", None, _byte_size, "runtime", "bytes, or 16GiB / 512MiB",
         "Device memory (arena capacity) per physical NPU; default from the NPU model "
         "(16 GiB; RBLN-CR13: 144 GiB) (ours)."),
+    Var("TORCH_RBLN_C10D_ASYNC", False, _flag_truthy, "live",
+        "1/true/t/yes/y/on or 0/false/f/no/n/off",
+        "rbln-ccl collectives return before the transfer completed (`Work.wait()` waits); "
+        "default: they complete before returning."),
+    Var("RBLN_FORCE_LOOPBACK_CONTROL_PLANE", False, _flag_truthy, "group",
+        "1/true/t/yes/y/on or 0/false/f/no/n/off",
+        "rbln-ccl sets RBLN_LOCAL_IP and RBLN_ROOT_IP to 127.0.0.1 (otherwise only defaults "
+        "them); the control plane itself is the c10d store."),
 )}
 
 
@@ -420,6 +428,7 @@ READ_TIMES = {
     "commit": "by every device query until the first real device use commits the mapping; "
               "frozen afterwards",
     "live": "on every dispatch, check or allocation",
+    "group": "when an rbln-ccl process group is created",
     "category": "`unsupported_op` when the extension loads; the other categories on each check",
 }
 
@@ -427,14 +436,16 @@ READ_TIMES = {
 INERT = {
     "TORCH_RBLN_USE_DEVICE_TP": "older releases only; eager ops always compile for one NPU",
     "TORCH_RBLN_USE_TP_FAILOVER": "older releases only; eager ops always compile for one NPU",
-    "TORCH_RBLN_C10D_ASYNC": "there is no rbln-ccl process group on a virtual host",
-    "TORCH_RBLN_BUILD_TYPE": "a CMake build setting; this package has no native build",
-    "RBLN_ROOT_IP": "rbln-ccl control plane; there is no rbln-ccl on a virtual host",
-    "RBLN_LOCAL_IP": "rbln-ccl control plane; there is no rbln-ccl on a virtual host",
-    "RBLN_FORCE_LOOPBACK_CONTROL_PLANE": "rbln-ccl control plane; there is no rbln-ccl",
-    "RBLN_RDMA_IP": "rbln-ccl data plane; there is no rbln-ccl on a virtual host",
-    "RBLN_RDMA_HCA": "rbln-ccl data plane; there is no rbln-ccl on a virtual host",
-    "RBLN_DISABLE_AUTO_RDMA_IP": "rbln-ccl data plane; there is no rbln-ccl on a virtual host",
+    "TORCH_RBLN_BUILD_TYPE": "read by the install command only (`Release`, the default, or "
+                             "`Debug`: the native core without optimisation, with debug info)",
+    "RBLN_ROOT_IP": "rbln-ccl's control plane is the c10d store (MASTER_ADDR/MASTER_PORT); "
+                    "defaulted to 127.0.0.1 when a group is created, otherwise unused",
+    "RBLN_LOCAL_IP": "rbln-ccl's control plane is the c10d store (MASTER_ADDR/MASTER_PORT); "
+                     "defaulted to 127.0.0.1 when a group is created, otherwise unused",
+    "RBLN_RDMA_IP": "rbln-ccl data plane: virtual NPUs exchange data through gloo, not RDMA",
+    "RBLN_RDMA_HCA": "rbln-ccl data plane: virtual NPUs exchange data through gloo, not RDMA",
+    "RBLN_DISABLE_AUTO_RDMA_IP": "rbln-ccl data plane: virtual NPUs exchange data through "
+                                 "gloo, not RDMA",
     "RBLN_PROFILER": "the NPU profiler's Kineto bridge needs librbln.so",
     "RBLN_PROFILER_DIR": "the NPU profiler's Kineto bridge needs librbln.so",
     "RBLN_OFFLOAD_DIR": "file offload is a librbln.so feature",

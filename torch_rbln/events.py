@@ -28,6 +28,10 @@ kind                      key                        meaning
 ``d2h``                   ``""``                     physical device->host transfer (bytes)
 ``h2d``                   ``""``                     host->device push (bytes)
 ``runtime``               primitive                  time spent in a runtime primitive (ns)
+``collective``            ``op@where``               a torch.distributed collective on rbln tensors
+                                                     (bytes: its message size); where is ``device``
+                                                     (the NPU moves device memory) or ``host``
+                                                     (staged through host memory for gloo)
 ========================  =========================  ===============================================
 """
 
@@ -41,7 +45,7 @@ __all__ = ["record", "snapshot", "listen", "unlisten", "counters", "total", "KIN
 
 KINDS = (
     "dispatch", "warm_hit", "recompile", "cpu_fallback", "cpu_fallback_reason", "host_op",
-    "bounce", "v2v_slow", "v2v_reject", "d2h", "h2d", "runtime",
+    "bounce", "v2v_slow", "v2v_reject", "d2h", "h2d", "runtime", "collective",
 )
 
 # kind -> key -> [count, amount]; read as ``counters`` (module __getattr__), which folds in the

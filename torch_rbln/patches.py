@@ -275,6 +275,10 @@ PRIVATE: tuple[Hook, ...] = (
     Hook("torch._guards.CompileContext.current_compile_id", "graph-mode program names",
          at_import=False),
     Hook("torch._dynamo.backends.common.aot_autograd", "graph-mode training", at_import=False),
+    Hook("torch._higher_order_ops.auto_functionalize.auto_functionalized",
+         "graph-mode: mutating operators with their own rbln kernel", at_import=False),
+    Hook("torch._higher_order_ops.auto_functionalize.auto_functionalized_v2",
+         "graph-mode: mutating operators with their own rbln kernel", at_import=False),
     Hook("torch._inductor.compile_fx.compile_fx", "graph-mode kernels", at_import=False),
 )
 

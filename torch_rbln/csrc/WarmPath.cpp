@@ -53,6 +53,7 @@ std::atomic<int64_t> served{0};      // calls the warm path ran itself (tests re
 // the dtypes of the eager dispatch catalog and of the strict set (rules.configure), and the
 // half-precision dtypes whose matmuls are widened (executors.matmul_precision)
 std::vector<c10::ScalarType> dispatch_dtypes, strict_dtypes, widened_dtypes;
+int64_t widen_min_rows = 0;  // fewer rows keep the half-precision kernel (executors.widens)
 
 // device programs running on this thread (the `reentrant` rule); both paths raise it
 thread_local int program_depth = 0;
@@ -295,10 +296,10 @@ class WarmKernel final : public c10::OperatorKernel {
  public:
   WarmKernel(const std::string& op_name, c10::OperatorHandle fn, Mode mode, int out_arg,
              std::vector<int> slots, std::vector<int> skip_dtype, bool align64, Form form,
-             std::vector<int> fn_args)
+             std::vector<int> fn_args, int left, bool batched)
       : fn_(std::move(fn)), mode_(mode), out_arg_(out_arg), slots_(std::move(slots)),
         skip_dtype_(std::move(skip_dtype)), align64_(align64), form_(form),
-        fn_args_(std::move(fn_args)),
+        fn_args_(std::move(fn_args)), left_(left), batched_(batched),
         dispatch_(events::counter("dispatch", op_name)),
         warm_hit_(events::counter("warm_hit", op_name)) {}
 
@@ -527,7 +528,21 @@ class WarmKernel final : public c10::OperatorKernel {
         }
       }
     }
-    const bool widen = form_ == Form::Matmul && contains(widened_dtypes, call.dtype);
+    bool widen = form_ == Form::Matmul && contains(widened_dtypes, call.dtype);
+    if (widen) {  // rows of the left operand, per batch entry (executors.widens)
+      const int src = fn_args_[left_];
+      if (src >= 0 && inputs[src].defined() && inputs[src].dim() >= 2) {
+        const auto sizes = inputs[src].sizes();
+        int64_t rows = 1;
+        for (size_t d = 0; d + 1 < sizes.size(); ++d) {
+          rows *= sizes[d];
+        }
+        if (batched_) {
+          rows /= std::max<int64_t>(sizes[0], 1);
+        }
+        widen = rows >= widen_min_rows;
+      }
+    }
     torch::jit::Stack fn_stack;
     fn_stack.reserve(fn_args_.size());
     const auto& fn_schema = fn_.schema();
@@ -597,6 +612,8 @@ class WarmKernel final : public c10::OperatorKernel {
   bool align64_;
   Form form_;
   std::vector<int> fn_args_;  // per argument of fn: the registered op's argument, or -1
+  int left_;                  // a matmul's left operand among fn's arguments
+  bool batched_;              // ... and its first dimension is the batch (bmm)
   events::Counter* dispatch_;
   events::Counter* warm_hit_;
   std::mutex mutex_;
@@ -630,7 +647,7 @@ void bind_warm_path(py::module_& m) {
   m.def("warm_register",
         [](const std::string& name, const std::string& op_name, const std::string& fn_name,
            int mode, std::vector<int> slots, std::vector<int> skip_dtype, bool align64,
-           int form) {
+           int form, int left, bool batched) {
           auto op = find_op(name);
           auto fn = find_op(fn_name);
           const auto& args = op.schema().arguments();
@@ -663,7 +680,7 @@ void bind_warm_path(py::module_& m) {
           auto kernel = std::make_unique<WarmKernel>(op_name, fn, static_cast<Mode>(mode), out_arg,
                                                      std::move(slots), std::move(skip_dtype),
                                                      align64, static_cast<Form>(form),
-                                                     std::move(fn_args));
+                                                     std::move(fn_args), left, batched);
           kernels().push_back(kernel.get());
           library().impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
         },
@@ -671,10 +688,11 @@ void bind_warm_path(py::module_& m) {
         "registered on PrivateUse2.");
   m.def("warm_configure",
         [](std::vector<c10::ScalarType> dispatch, std::vector<c10::ScalarType> strict,
-           std::vector<c10::ScalarType> widened, py::object deliver) {
+           std::vector<c10::ScalarType> widened, int64_t min_rows, py::object deliver) {
           dispatch_dtypes = std::move(dispatch);
           strict_dtypes = std::move(strict);
           widened_dtypes = std::move(widened);
+          widen_min_rows = min_rows;
           if (python_deliver == nullptr) {
             python_deliver = new py::object();  // never freed: kernels may call it until exit
           }

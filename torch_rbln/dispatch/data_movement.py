@@ -149,7 +149,26 @@ def index_copy_out(self, dim, index, source, *, out):
 
 
 def index_copy_(self, dim, index, source):
-    return index_copy_out(self, dim, index, source, out=self)
+    """In place: only the indexed slices move. (Through ``index_copy.out`` the whole of ``self``
+    would be copied and delivered back: a paged KV cache for a few new tokens.)"""
+    if not (_rbln(self) and _rbln(source)) or source.dtype != self.dtype:
+        return _strided_fallback(torch.ops.aten.index_copy_.default, (self, dim, index, source),
+                                 {}, "source dtype differs from self", _nbytes([source]))
+    for t in (source, index):
+        if _rbln(t) and t.device.index != self.device.index:
+            raise devices.mixed_devices(self.device.index, t.device.index)
+    b = state_of(self)
+    if _on_device([self, source]):
+        t0 = _perf_ns()
+        src, ix = _dev(source), _dev(index)
+        b.device_write(False)             # a host-latest self is pushed first (partial write)
+        b.device_alias(self).index_copy_(dim, ix, src)
+        _record("runtime", "v2v_multi", _perf_ns() - t0)
+    else:
+        src, ix = _host(source), _host(index)
+        b.host_write(False)
+        b.host_alias(self).index_copy_(dim, ix, src)
+    return self
 
 
 def repeat_interleave_tensor(repeats, *, output_size=None):

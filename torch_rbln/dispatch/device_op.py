@@ -19,7 +19,7 @@ import torch
 from .. import _C, config, events
 from ..runtime import compiler, devices, executors
 from ..runtime.storage import device_input, host_input
-from . import checks, fallback, results, rules
+from . import checks, cuda_dtypes, fallback, results, rules
 from .attention_dropout import DROPOUT_AT, with_attention_dropout
 from .optable import OpEntry, overload
 
@@ -80,7 +80,8 @@ def make_kernel(entry: OpEntry, registered_name: str):
         t0 = _perf_ns()
         try:
             if fast:
-                res = results.deliver_host(body(*_host_args(args), **kwargs), out, index)
+                res = results.deliver_host(cuda_dtypes.run(body, _host_args(args), kwargs),
+                                           out, index)
             else:
                 full = dict(kwargs)
                 if out is not None and mode == "out":
@@ -195,7 +196,7 @@ def register_warm_path() -> set:
     from .optable import DEVICE_OPS
     widened = [d for d in executors.HALF if d not in executors.matmul_precision().native]
     _C.warm_configure(sorted(rules.DISPATCH_DTYPES, key=str), sorted(rules.STRICT_DTYPES, key=str),
-                      widened, results.deliver_device)
+                      widened, executors.WIDEN_MIN_ROWS, results.deliver_device)
     _C.set_warm_path(config.latched("TORCH_RBLN_NATIVE_WARM_PATH"))
     served = set()
     for e in DEVICE_OPS:
@@ -207,9 +208,11 @@ def register_warm_path() -> set:
             if len(registered._schema.returns) != 1:
                 continue
             mode = e.out if name == e.name else "functional"
+            # a matmul's left operand (its rows decide widening) and whether it is batched
+            left = 1 if e.fn.startswith("addmm") else 0
             _C.warm_register(name, "aten::" + e.name, e.fn, _MODES[mode],
                              list(rules.tensor_slots(e, registered)), list(e.skip_dtype),
-                             e.align64, form)
+                             e.align64, form, left, e.fn.startswith("bmm"))
             served.add(name)
     return served
 

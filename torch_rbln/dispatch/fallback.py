@@ -15,7 +15,7 @@ import torch
 from .. import config, events
 from ..runtime import devices, generators
 from ..runtime.storage import CPU_KEYSET, state_of
-from . import factories
+from . import cuda_dtypes, factories, layouts
 from .results import wrap_result
 
 _record = events.record
@@ -227,8 +227,8 @@ def _call(op, args, kwargs, index: int):
         return op.overloadpacket(*args, **kwargs)
     if _draws_from_cpu_default(op):
         with generators.cpu_default_from(index):
-            return op(*args, **kwargs)
-    return op(*args, **kwargs)
+            return cuda_dtypes.run(op, args, kwargs)
+    return cuda_dtypes.run(op, args, kwargs)   # op(...), widening dtypes CUDA has
 
 
 def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
@@ -259,7 +259,7 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
         out = _call(op, cpu_args, cpu_kwargs, index)
     if op._schema.is_mutable:
         _mark_written(op, args, kwargs, ctx)
-    return _to_rbln(out, ctx)
+    return _to_rbln(layouts.checked(out, op.name()), ctx)
 
 
 _TENSOR_SLOTS: dict = {}

@@ -90,6 +90,19 @@ def _unaccelerated(ops) -> list[str]:
     return out
 
 
+def _collectives(moved: dict[str, tuple[int, int]]) -> dict:
+    """torch.distributed collectives on rbln tensors, by where their bytes moved:
+    ``{"device"|"host": {"count", "bytes", "by_op": {op: count}}}``."""
+    out: dict[str, dict] = {}
+    for key, (n, b) in sorted(moved.items(), key=lambda kv: (-kv[1][0], kv[0])):
+        op, _, where = key.rpartition("@")
+        w = out.setdefault(where, {"count": 0, "bytes": 0, "by_op": {}})
+        w["count"] += n
+        w["bytes"] += b
+        w["by_op"][op] = w["by_op"].get(op, 0) + n
+    return out
+
+
 def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str]) -> dict:
     bounce = _delta(before, after, "bounce")
     by_site = {s: _count_bytes(bounce.get(s, (0, 0))) for s in remedies.BOUNCE_SITES}
@@ -131,6 +144,9 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
         "device_memory": device_memory(),
         "host_threads": host_threads(),
     }
+    collectives = _collectives(_delta(before, after, "collective"))
+    if collectives:
+        d["collectives"] = collectives
     unaccelerated = _unaccelerated(d["cpu_fallback_by_op"])
     if unaccelerated:
         d["cpu_fallback_unaccelerated"] = unaccelerated

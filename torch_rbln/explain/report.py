@@ -66,6 +66,10 @@ def _context(d: dict) -> list[str]:
         out.append(f"  host->device push (runtime): {fmt.count(h2d['count'])} pushes, {fmt.nbytes(h2d['bytes'])}")
     if d2h["count"]:
         out.append(f"  device->host pull (runtime): {fmt.count(d2h['count'])} copies, {fmt.nbytes(d2h['bytes'])}")
+    for where, c in d.get("collectives", {}).items():
+        ops = ", ".join(f"{op} {fmt.count(n)}" for op, n in c["by_op"].items())
+        side = "on device" if where == "device" else "via host (gloo)"
+        out.append(f"  collectives {side}: {fmt.count(c['count'])}, {fmt.nbytes(c['bytes'])} ({ops})")
     return out
 
 

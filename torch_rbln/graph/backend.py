@@ -8,8 +8,9 @@ Pipeline per Dynamo graph (one compile id, ``"0/0"``, ``"0/1"`` ...):
    device and host partitions (``split.py``).
 3. Each device partition is compiled to fused code by Inductor's C++ backend, on CPU example
    inputs made inside the graph's own fake mode, and runs as one launch on the device buffers;
-   host partitions run op by op on the host views (``runners.py``; graph rewrites for both
-   in ``rewrite.py``).
+   host partitions run op by op on the host views; operators with their own rbln kernel are
+   called on the rbln tensors between partitions (``runners.py``; graph rewrites in
+   ``rewrite.py``).
 
 Each compiled aten graph is one ``recompile`` event keyed ``graph <compile id>`` (the backward
 ``graph <compile id> backward``) carrying its compile time, and one :class:`CompiledProgram` for
@@ -28,8 +29,8 @@ import torch.fx
 from .. import events
 from ..runtime import caches, devices
 from . import programs, split
-from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels
-from .runners import DevicePartition, HostPartition, Results
+from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels, widen_cuda_dtypes
+from .runners import DevicePartition, EagerCall, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
 
@@ -189,10 +190,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             device_parts.append(part)
         else:
             to_cpu_devices(sub)
+            widen_cuda_dtypes(sub)
             ops = split.placements_of(sub, placed)
             part = HostPartition(node.target, rbln_out, sub, ops)
             host_ops.extend((p.op, p.reason) for p in part.ops)
         setattr(gm, node.target, part)
+    for node in gm.graph.nodes:
+        p = placed.get(node.name) if node.op == "call_function" else None
+        if p is not None and p.where == "eager":
+            node.target = EagerCall(node.target, index)
     _results_as_rbln(gm, index)
     key = f"graph {name}" + (" backward" if kind == "backward" else "")
     program = GraphProgram(name, key, gm, device_parts)

@@ -4,6 +4,12 @@ A node is placed on the device when eager would run it there: its op has an entr
 op table (``dispatch/optable.py``) and it passes the rules a graph can decide
 (``dispatch/rules.py``: the op's gate and ``GRAPH_RULES``).
 
+An operator of another library that registers its own kernel for the rbln device (a custom
+op such as vLLM's attention, which a model keeps opaque to the compiler) runs *eagerly*: called
+with the rbln tensors, it executes its own kernel (whose ops go through eager dispatch), between
+the graph's partitions. Mutating custom ops appear in a functional graph as
+``auto_functionalized(op, ...)``, placed the same way.
+
 Everything else runs on the host and carries the reason eager would report; an op without a
 device kernel has the reason ``no-device-kernel``. Metadata ops (views), copies, dtype
 conversions and factories are *free*: they follow their neighbours and are never reported,
@@ -16,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
+from torch._higher_order_ops.auto_functionalize import (auto_functionalized,
+                                                        auto_functionalized_v2)
 
 from ..dispatch import rules
 from ..dispatch.attention_dropout import attention_dropout_p
@@ -36,7 +44,8 @@ _FREE_OPS = frozenset({
 
 @dataclass(frozen=True)
 class Placement:
-    where: str              # "device", "host", "free", or "cpu" (CPU tensors only: not ours)
+    where: str              # "device", "host", "eager" (an op with its own rbln kernel), "free",
+                            # or "cpu" (CPU tensors only: not ours)
     op: str = ""            # the name reports use (the eager kernel's, e.g. ``aten::mul.out``)
     reason: str = ""        # why a host node is not on the device
     kernel: str = ""        # a custom program body (``runtime/executors.py``), on either side
@@ -102,9 +111,25 @@ def _touches_rbln(node: torch.fx.Node) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type == "rbln" for v in vals)
 
 
+def _own_rbln_kernel(op) -> bool:
+    """A non-aten operator with a kernel registered for the rbln (PrivateUse1) key."""
+    return (isinstance(op, torch._ops.OpOverload) and op.namespace != "aten"
+            and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"))
+
+
+def _touches_rbln_anywhere(node: torch.fx.Node) -> bool:
+    found = []
+    torch.fx.node.map_aggregate((node.args, node.kwargs, node.meta.get("val")), lambda a: found.append(
+        isinstance(v := _val(a), torch.Tensor) and v.device.type == "rbln"))
+    return any(found)
+
+
 def place(node: torch.fx.Node) -> Placement:
     """Where ``node`` (a ``call_function`` node of an aten graph) runs."""
     target = node.target
+    wrapped = node.args[0] if target in (auto_functionalized, auto_functionalized_v2) else target
+    if _own_rbln_kernel(wrapped) and _touches_rbln_anywhere(node):
+        return Placement("eager", wrapped.name())
     if not isinstance(target, torch._ops.OpOverload):
         return FREE                       # getitem, SymInt arithmetic
     if not isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from ..dispatch import cuda_dtypes
 from ..dispatch.attention_dropout import with_attention_dropout
 from ..runtime import executors
 
@@ -23,6 +24,17 @@ def to_cpu_devices(gm: torch.fx.GraphModule) -> None:
     for n in gm.graph.nodes:
         n.args = torch.fx.node.map_aggregate(n.args, fix)
         n.kwargs = torch.fx.node.map_aggregate(n.kwargs, fix)
+    gm.recompile()
+
+
+def widen_cuda_dtypes(gm: torch.fx.GraphModule) -> None:
+    """Host nodes whose op CUDA runs in dtypes the CPU kernel lacks compute as eager's fallback
+    does (``dispatch/cuda_dtypes.py``): ``histc`` on int32 works in a graph too."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            k = cuda_dtypes.host_kernel(n.target)
+            if k is not None:
+                n.target = k
     gm.recompile()
 
 
@@ -73,23 +85,36 @@ def _with_layouts(fn, val):
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
                       torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default,
                       torch.ops.aten.linear.default})
-_HALF = (torch.float16, torch.bfloat16)
 _to_copy = torch.ops.aten._to_copy.default
+
+
+def _rows(n: torch.fx.Node):
+    """Rows of the left operand of a matmul node (its size hint if symbolic), or None."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint as hint
+    a = n.args[1] if n.target is torch.ops.aten.addmm.default else n.args[0]
+    v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    if not isinstance(v, torch.Tensor) or v.dim() < 2:
+        return None
+    rows = 1
+    for s in v.shape[:-1]:
+        rows *= hint(s)
+    if n.target in (torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default):
+        rows //= max(hint(v.shape[0]), 1)       # per batch entry: each GEMM is one matrix
+    return rows
 
 
 def fp32_matmuls(gm: torch.fx.GraphModule) -> None:
     """Give half-precision matmuls the NPU's numerics explicitly: operands widened to fp32,
     fp32 accumulation, the result rounded once. A host without a native fp16 GEMM runs the
     half-precision kernel several times slower than fp32 (AVX2: ~7x), so this is also what
-    makes device programs fast. Dtypes this CPU has native GEMMs for (AVX512-FP16/AMX: fp32
-    accumulation, one rounding already) stay as they are: the choice eager programs make too
-    (``executors.matmul_precision``)."""
-    widened = tuple(d for d in _HALF if d not in executors.matmul_precision().native)
+    makes device programs fast. Matmuls with few rows keep the half-precision kernel, which
+    accumulates in fp32 and rounds once as well, and so do dtypes this CPU has native GEMMs for
+    (AVX512-FP16/AMX): the choice eager programs make too (``executors.widens``)."""
     g = gm.graph
     for n in list(g.nodes):
         v = n.meta.get("val")
         if (n.op != "call_function" or n.target not in _MATMULS
-                or getattr(v, "dtype", None) not in widened):
+                or not executors.widens(getattr(v, "dtype", None), _rows(n))):
             continue
         with g.inserting_before(n):
             n.args = tuple(g.call_function(_to_copy, (a,), {"dtype": torch.float32})

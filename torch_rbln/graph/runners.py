@@ -138,28 +138,31 @@ class HostPartition(_Partition):
         return res
 
 
+def materialize(s: Staged, index: int) -> torch.Tensor:
+    """A staged value as an rbln tensor on ``rbln:index`` whose storage has the residency
+    reached."""
+    o = s.t if spans_storage(s.t) else s.t.clone(memory_format=torch.contiguous_format)
+    if s.on_device:
+        t = new_tensor(tuple(o.size()), tuple(o.stride()), o.dtype, index)
+        b = state_of(t)
+        b.adopt_device(o)
+        if s.state == SYNCED:             # the host already holds a copy too
+            b.host_alias(t).copy_(o)
+    else:
+        t = wrap_host(o, index)
+        b = state_of(t)
+        if s.state == SYNCED:             # the device already holds a copy too
+            b.adopt_device(o.clone())
+    b.residency = s.state
+    return t
+
+
 class Results(torch.nn.Module):
     """The graph's results as rbln tensors; each storage takes the state its value reached."""
 
     def __init__(self, index: int):
         super().__init__()
         self.index = index
-
-    def _materialize(self, s: Staged) -> torch.Tensor:
-        o = s.t if spans_storage(s.t) else s.t.clone(memory_format=torch.contiguous_format)
-        if s.on_device:
-            t = new_tensor(tuple(o.size()), tuple(o.stride()), o.dtype, self.index)
-            b = state_of(t)
-            b.adopt_device(o)
-            if s.state == SYNCED:             # the host already holds a copy too
-                b.host_alias(t).copy_(o)
-        else:
-            t = wrap_host(o, self.index)
-            b = state_of(t)
-            if s.state == SYNCED:             # the device already holds a copy too
-                b.adopt_device(o.clone())
-        b.residency = s.state
-        return t
 
     def forward(self, *values):
         done: dict = {}
@@ -168,7 +171,32 @@ class Results(torch.nn.Module):
             if type(v) is Staged:
                 t = done.get(id(v))
                 if t is None:
-                    t = done[id(v)] = self._materialize(v)
+                    t = done[id(v)] = materialize(v, self.index)
                 v = t
             out.append(v)
         return tuple(out)
+
+
+class EagerCall:
+    """An operator with its own rbln kernel, called on rbln tensors between partitions (staged
+    values become rbln tensors first); its kernel's ops are dispatched, and reported, as eager."""
+
+    def __init__(self, target, index: int):
+        self.target = target
+        self.index = index
+        self.__name__ = getattr(target, "__name__", "eager_call")
+
+    def __call__(self, *args, **kwargs):
+        done: dict = {}
+
+        def rbln(v):
+            if type(v) is Staged:
+                t = done.get(id(v))
+                if t is None:
+                    t = done[id(v)] = materialize(v, self.index)
+                return t
+            return v
+
+        args = torch.fx.node.map_aggregate(args, rbln)
+        kwargs = torch.fx.node.map_aggregate(kwargs, rbln)
+        return self.target(*args, **kwargs)

@@ -2,8 +2,9 @@
 
 Device partitions are maximal groups of device nodes (plus the free nodes between them) that
 can run as one program without a cycle through the host; each becomes one launch. The nodes
-left over form host partitions, run op by op on the host. The outer graph then only calls
-partitions and unpacks their results.
+left over form host partitions, run op by op on the host, except operators with their own rbln
+kernel ("eager" placement), which stay in the outer graph between partitions. The outer graph
+then only calls partitions and those operators, and unpacks their results.
 """
 
 from __future__ import annotations
@@ -62,9 +63,16 @@ def split(gm: torch.fx.GraphModule) -> tuple[dict, list]:
     # whatever computes outside a device partition runs on the host; the getitems that unpack a
     # device partition's results stay in the outer graph
 
+    def eager(n):
+        # by name: fusing the device partitions rebuilt the graph's node objects
+        p = by_name.get(n.name) if n.op == "call_function" else None
+        return p is not None and p.where == "eager"
+
     def on_host(n):
-        return not (n.target is operator.getitem
-                    and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "call_module")
+        if eager(n):
+            return False        # runs by itself in the outer graph, on the rbln tensors
+        return not (n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node)
+                    and (n.args[0].op == "call_module" or eager(n.args[0])))
 
     _fuse(gm, on_host, lambda nodes: True, "host_")
     gm.graph.lint()

@@ -7,7 +7,9 @@ Two things are read from the environment, at two different times:
   real host does not change while a process runs either;
 * the *mapping* (``RBLN_DEVICES`` / ``RBLN_VISIBLE_DEVICES``, ``RBLN_DEVICE_MAP``,
   ``RBLN_NPUS_PER_DEVICE``) is re-planned by every query until the first real use (an rbln
-  tensor, ``synchronize()``) *commits* it; after that the variables are no longer read.
+  tensor, ``synchronize()``, a collective) *commits* it; after that the variables are no longer
+  read. At commit the process claims its NPUs (``claims``: shared between processes as on a
+  host).
 
 Nothing here imports torch, so ``python -m torch_rbln.diagnose`` can plan the mapping on a
 machine where ``import torch`` fails. README: "Several devices".
@@ -146,7 +148,8 @@ def visible() -> tuple[int, ...]:
 
 
 def commit() -> Plan:
-    """Freeze the mapping (first real device use); later edits of the variables are ignored."""
+    """Freeze the mapping (first real device use) and claim its NPUs; later edits of the
+    variables are ignored."""
     global _committed
     p = _committed
     if p is not None:
@@ -162,6 +165,8 @@ def commit() -> Plan:
                 _native._commit_device_count(len(p.groups))
             if _log.isEnabledFor(logging.DEBUG):
                 _log.debug("Device configuration complete:\n%s", summary_text(p))
+            from . import claims
+            claims.claim(npu for g in p.groups for npu in g)
         return _committed
 
 

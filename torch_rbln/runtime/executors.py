@@ -286,11 +286,27 @@ def matmul_precision() -> MatmulPrecision:
                                    f"{'; ONEDNN_MAX_CPU_ISA=' + isa if isa != 'ALL' else ''}")
 
 
+# Below this many rows of the left operand, widening costs more than it saves: the conversion
+# copies the whole right operand (the weight) on every call, while the GEMM itself is small.
+# A decode step (one token per sequence) is the case: its LM head alone converts 262M weights.
+WIDEN_MIN_ROWS = 64
+
+
+def widens(dtype, rows: int | None) -> bool:
+    """A matmul of ``dtype`` whose left operand has ``rows`` rows (per batch entry; None:
+    unknown) computes on fp32 operands: a half-precision dtype without a native GEMM on this
+    CPU, and enough rows. Eager programs, the native warm path and graph programs ask this."""
+    return (dtype in HALF and dtype not in matmul_precision().native
+            and (rows is None or rows >= WIDEN_MIN_ROWS))
+
+
 def matmul(fn, out_meta):
-    dtype = out_meta[1] if isinstance(out_meta, tuple) and len(out_meta) == 3 else None
-    if isinstance(dtype, torch.dtype) and dtype in matmul_precision().native:
-        return direct(fn, out_meta)
-    return fp32(fn, out_meta)
+    shape, dtype = (out_meta[0], out_meta[1]) if (
+        isinstance(out_meta, tuple) and len(out_meta) == 3) else ((), None)
+    rows = math.prod(shape[:-1]) if shape else None
+    if rows is not None and fn is torch.ops.aten.bmm.default:
+        rows //= max(shape[0], 1)           # per batch entry: each GEMM is one matrix
+    return fp32(fn, out_meta) if widens(dtype, rows) else direct(fn, out_meta)
 
 
 def build(kernel: str, fn, out_meta):

@@ -1,0 +1,68 @@
+"""One process of offline vLLM generation for tests/test_vllm.py (rbln, or the CPU reference
+with VLLM_TARGET_DEVICE=cpu): several engines one after another, all cases of each in one go.
+
+    python vllm_offline_job.py SPEC.json OUT.json
+
+SPEC: {"engines": [{"name", "model", "eager"}], "cases": [[batch, prompt_len]], "max_tokens",
+"vocab"}. OUT: {engine name: {"B x L": [[token ids] per prompt]}, "<engine>.explain": report}.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import sys
+
+
+def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
+    rnd = random.Random(batch * 1000 + length)
+    return [[rnd.randrange(5, vocab) for _ in range(length)] for _ in range(batch)]
+
+
+def main(spec_path: str, out_path: str) -> None:
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vllm.platforms import current_platform as platform
+
+    spec = json.load(open(spec_path))
+    sp = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    out = {"platform": [type(platform).__name__, platform.device_type, platform.dispatch_key]}
+    for e in spec["engines"]:
+        llm = LLM(model=e["model"], dtype="float16", max_model_len=512, seed=0,
+                  kv_cache_memory_bytes=32 << 20, enforce_eager=e["eager"])
+        res = out[e["name"]] = {}
+        for batch, length in spec["cases"]:
+            got = llm.generate([{"prompt_token_ids": p}
+                                for p in prompts(batch, length, spec["vocab"])], sp,
+                               use_tqdm=False)
+            res[f"{batch}x{length}"] = [list(o.outputs[0].token_ids) for o in got]
+        if e.get("explain_decode") and hasattr(torch, "rbln"):
+            # one decode step of a batch of 2, after its prefill and a first decode step
+            eng = llm.llm_engine
+            for i in range(2):
+                eng.add_request(f"x{i}", {"prompt_token_ids": prompts(2, 64, spec["vocab"])[i]},
+                                SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+            eng.step()
+            eng.step()
+            from torch_rbln import events
+            before = events.snapshot()
+            with torch.rbln.explain() as p:
+                eng.step()
+            after = events.snapshot()
+            out[e["name"] + ".ops"] = {
+                kind: {k: v[0] - before[kind].get(k, [0, 0])[0] for k, v in after[kind].items()
+                       if v[0] != before[kind].get(k, [0, 0])[0]}
+                for kind in ("dispatch", "cpu_fallback", "cpu_fallback_reason")}
+            while eng.has_unfinished_requests():
+                eng.step()
+            out[e["name"] + ".explain"] = p.dump()
+            out[e["name"] + ".report"] = p.report()
+        del llm
+        gc.collect()
+    json.dump(out, open(out_path, "w"), default=str)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,203 @@
+"""``RblnPlatform``: what vLLM asks of a device, answered for rbln.
+
+Modelled on vLLM's own CPU platform (the closest device that also lacks CUDA graphs, NCCL and
+Triton kernels) and on vllm-ascend (a PrivateUse1 device out of tree). Choices, and why:
+
+* eager by default through vLLM's own model code: the models' custom ops run their
+  ``forward_oot`` (= PyTorch-native) bodies, so every op goes through the rbln dispatcher and
+  shows up in the fallback log and ``torch.rbln.explain()``;
+* when compilation is on, vLLM's "trace once" mode with the ``rbln`` Dynamo backend (vLLM's
+  own piecewise backend is built on Inductor for CUDA/CPU and CUDA graphs);
+* attention through :mod:`.attention` (a small SDPA backend over a paged KV cache in rbln
+  memory), since vLLM's attention kernels are CUDA, Triton or CPU C++;
+* pinned host memory off, as the vendor's plugin declares it;
+* collectives through gloo: one device per worker needs none, and the CPU process group is
+  what vLLM's CPU platform uses too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+from vllm.v1.attention.backends.registry import register_backend
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
+
+ATTENTION_BACKEND = "torch_rbln.vllm_plugin.attention.RblnSdpaBackend"
+WORKER = "torch_rbln.vllm_plugin.worker.RblnWorker"
+# vLLM names attention backends by enum member; out-of-tree ones register theirs
+register_backend("RBLN_SDPA", ATTENTION_BACKEND)
+
+
+def _has_pinned_memory() -> bool:
+    """Whether this torch_rbln build registers a host (pinned-memory) allocator for rbln."""
+    try:
+        torch.empty(1).pin_memory()    # the current accelerator is rbln
+        return True
+    except (NotImplementedError, RuntimeError):
+        return False
+
+
+def _guard_empty_host_cache() -> None:
+    """vLLM's shutdown (``cleanup_dist_env_and_memory`` in vllm/distributed/parallel_state.py)
+    calls ``torch.accelerator.empty_host_cache()`` on every non-CPU platform; without a host
+    allocator registered for the device, PyTorch dereferences a null allocator. There is no
+    host cache to empty then, so the call is skipped for rbln."""
+    orig = torch.accelerator.empty_host_cache
+
+    def empty_host_cache() -> None:
+        acc = torch.accelerator.current_accelerator()
+        if acc is None or acc.type != "rbln":
+            orig()
+
+    torch.accelerator.empty_host_cache = empty_host_cache
+
+
+# vLLM's ahead-of-time compile (vllm/compilation/decorators.py, `aot_compile`) serialises the
+# backend's output and so requires an Inductor OutputCode (torch/_dynamo/aot_compile.py); the
+# rbln graph backend returns its own program, so the model is compiled the regular way.
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
+PINNED_MEMORY = _has_pinned_memory()
+if not PINNED_MEMORY:
+    _guard_empty_host_cache()
+
+
+
+class RblnPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "rbln"
+    device_type: str = "rbln"
+    dispatch_key: str = "PrivateUse1"
+    dist_backend: str = "gloo"
+    device_control_env_var: str = "RBLN_DEVICES"
+    # small standalone functions vLLM compiles (samplers, logprobs) use the rbln backend too
+    simple_compile_backend: str = "rbln"
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        # the NPU computes in fp16/bf16; fp32 models run, but op by op on the host
+        return [torch.float16, torch.bfloat16, torch.float32]
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"rbln: model dtype {dtype} is not supported; use float16, "
+                             "bfloat16 or float32 (--dtype)")
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.rbln.get_device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return torch.rbln.get_device_properties(device_id).total_memory
+
+    @classmethod
+    def get_current_memory_usage(cls, device=None) -> float:
+        return float(torch.rbln.max_memory_allocated(device))
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.rbln.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.rbln.manual_seed_all(seed)
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.inference_mode()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if attn_selector_config.use_mla or attn_selector_config.use_sparse:
+            raise NotImplementedError("rbln: MLA and sparse attention are not supported; "
+                                      "models with standard (multi-/grouped-query) attention run")
+        if selected_backend is not None:
+            logger.info("rbln: attention backend %s requested; rbln uses RBLN_SDPA",
+                        selected_backend.name)
+        return ATTENTION_BACKEND
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator"
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # attention stays one custom op in a traced graph; its Python body runs eagerly on rbln
+        return True
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False
+
+    @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        return torch.get_num_threads()
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        # vLLM's compiled kernels are CUDA or CPU; the models' PyTorch-native paths need none
+        pass
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        from .model_runner import compute_slot_mapping_kernel
+        register_kernels({"vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel":
+                          compute_slot_mapping_kernel})
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm.config import CompilationMode
+        from vllm.config.compilation import CUDAGraphMode
+
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = WORKER
+        if parallel.world_size > 1:
+            raise NotImplementedError(
+                f"rbln: tensor/pipeline parallelism (world size {parallel.world_size}) is not "
+                "supported by this plugin; run one engine per rbln device")
+        if parallel.enable_dbo:
+            parallel.enable_dbo = False
+
+        # async scheduling overlaps steps with CUDA streams and events, which rbln lacks for now
+        vllm_config.scheduler_config.async_scheduling = False
+
+        comp = vllm_config.compilation_config
+        comp.cudagraph_capture_sizes = []
+        comp.cudagraph_mode = CUDAGraphMode.NONE
+        if comp.mode == CompilationMode.VLLM_COMPILE:
+            # vLLM's piecewise backend targets Inductor + CUDA graphs; on rbln the model is
+            # traced once by Dynamo and compiled by the rbln graph backend
+            comp.mode = CompilationMode.DYNAMO_TRACE_ONCE
+            comp.backend = "rbln"
+        if comp.mode == CompilationMode.DYNAMO_TRACE_ONCE and comp.backend in ("", "inductor"):
+            comp.backend = "rbln"
+
+        # engine core and workers are spawned (fork after torch import is unsafe)
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        # shared-expert overlap uses CUDA streams
+        os.environ["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] = "1"
