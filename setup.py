@@ -15,6 +15,9 @@ def _require_toolchain() -> None:
     if missing:
         sys.exit("torch-rbln: building the native core needs a C++17 compiler (g++ or c++ on PATH); "
                  "install one (e.g. `apt-get install g++`) and rerun the install.")
+    # an installed (editable) torch_rbln would be auto-loaded by `import torch` with its old _C,
+    # which fails once the C++ changed: the build needs torch alone
+    os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
 
+import pytest
 import torch
 
 import torch_rbln
@@ -33,8 +35,20 @@ def _resolve(path: str):
 def test_hooks_are_the_patches_and_the_private_names():
     from torch_rbln import abi, patches
     targets = [t for p in patches.PATCHES for t in p.targets]
-    assert [h.path for h in abi.HOOKS] == targets + [h.path for h in patches.PRIVATE]
+    assert [h.path for h in abi.HOOKS] == targets + [h.path for h in patches.PRIVATE + patches.SCOPED]
     assert len(set(targets)) == len(targets)
+
+
+def test_scoped_cuda_names_are_rbln_inside_only():
+    from torch_rbln import patches
+    before = {n: getattr(torch.cuda, n) for n in patches.CUDA_AS_RBLN}
+    with patches.cuda_names_as_rbln():
+        assert all(getattr(torch.cuda, n) is getattr(torch.rbln, n) for n in patches.CUDA_AS_RBLN)
+        s = torch.cuda.Stream()
+        assert s.device.type == "rbln"
+    with pytest.raises(RuntimeError, match="boom"), patches.cuda_names_as_rbln():
+        raise RuntimeError("boom")
+    assert {n: getattr(torch.cuda, n) for n in patches.CUDA_AS_RBLN} == before
 
 
 def test_every_patch_is_in_effect():
@@ -91,7 +105,7 @@ def _defined_here() -> set[str]:
 def test_private_attributes_of_torch_objects_are_listed():
     """``op._schema``, ``t._base``, ``OpOverload._handle``...: a private attribute the package
     reads that it does not define itself belongs to torch, so a hook must name it."""
-    from torch_rbln import abi
+    from torch_rbln import abi, vllm_plugin
     listed = {part for h in abi.HOOKS for part in h.path.split(".")}
     ours = _defined_here()
     missing = set()
@@ -103,6 +117,8 @@ def test_private_attributes_of_torch_objects_are_listed():
             if (not a.startswith("_") or a.startswith("__") or a in ours or a in listed
                     or a in _STDLIB_PRIVATE or hasattr(torch.ops.aten, a)):
                 continue
+            if "vllm_plugin" in path.parts and a in vllm_plugin.VLLM_PRIVATE:
+                continue                      # vLLM's, listed by the plugin
             missing.add(f"{a} ({path.relative_to(ROOT)}:{n.lineno})")
     assert not missing, f"add hooks for these to torch_rbln/patches.py PRIVATE: {sorted(missing)}"
 
@@ -116,6 +132,8 @@ def test_overridden_private_torch_members_are_listed():
     for info in pkgutil.walk_packages([str(PKG)], "torch_rbln."):
         if info.name in ("torch_rbln._C", "torch_rbln.__main__"):
             continue
+        if info.name.startswith("torch_rbln.vllm_plugin.") and importlib.util.find_spec("vllm") is None:
+            continue                          # the plugin's modules import vLLM (an extra)
         mod = importlib.import_module(info.name)
         for cls in vars(mod).values():
             if not (inspect.isclass(cls) and cls.__module__ == mod.__name__):

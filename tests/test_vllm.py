@@ -71,7 +71,8 @@ def offline(models, tmp_path_factory):
     """Token ids per engine and case, on rbln and on the CPU (the two processes run at once)."""
     d = tmp_path_factory.mktemp("vllm_offline")
     jobs = {
-        "rbln": [dict(name="llama", model=models["llama"], eager=True, explain_decode=True),
+        "rbln": [dict(name="llama", model=models["llama"], eager=True, explain_decode=True,
+                      runner_info=True),
                  dict(name="llama-compiled", model=models["llama"], eager=False),
                  dict(name="qwen2", model=models["qwen2"], eager=True)],
         "cpu": [dict(name="llama", model=models["llama"], eager=True),
@@ -116,6 +117,21 @@ def test_decode_step_attention_runs_on_the_device(offline):
     # what falls back in a decode step is what the eager Llama shows (the fp32 RMSNorm chain,
     # RoPE on half a 64-wide head); attention is not among it
     assert set(ops["cpu_fallback_reason"]) <= {"dtype-not-fp16", "last-dim-not-64-aligned"}, ops
+
+
+@needs_vllm
+def test_runner_uses_rbln_streams_events_and_generators(offline):
+    info = offline["rbln"]["llama.runner"]
+    # async scheduling is on (vLLM's default): output copies overlap on an rbln stream
+    assert info["async_scheduling"] is True, info
+    assert info["copy_stream"] == "torch_rbln.streams.Stream", info
+    assert info["prepare_inputs_event"] == "Event" and info["transfer_event"] == "rbln", info
+    # a seeded request samples with an rbln generator, and the same seed gives the same tokens
+    assert info["generators"] == ["rbln:0"], info
+    first, second = info["seeded_runs"]
+    assert first == second and all(len(t) == MAX_TOKENS for t in first), info
+    # torch.cuda is torch's own again outside the runner
+    assert info["cuda_stream_outside"] == "torch.cuda.streams", info
 
 
 @needs_vllm

@@ -3,8 +3,9 @@ with VLLM_TARGET_DEVICE=cpu): several engines one after another, all cases of ea
 
     python vllm_offline_job.py SPEC.json OUT.json
 
-SPEC: {"engines": [{"name", "model", "eager"}], "cases": [[batch, prompt_len]], "max_tokens",
-"vocab"}. OUT: {engine name: {"B x L": [[token ids] per prompt]}, "<engine>.explain": report}.
+SPEC: {"engines": [{"name", "model", "eager", "explain_decode", "runner_info"}], "cases":
+[[batch, prompt_len]], "max_tokens", "vocab"}. OUT: {engine name: {"B x L": [[token ids] per
+prompt]}, "<engine>.explain": report, "<engine>.runner": streams, events, generators}.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main(spec_path: str, out_path: str) -> None:
                                 for p in prompts(batch, length, spec["vocab"])], sp,
                                use_tqdm=False)
             res[f"{batch}x{length}"] = [list(o.outputs[0].token_ids) for o in got]
+        if e.get("runner_info"):
+            out[e["name"] + ".runner"] = runner_info(llm, spec)
         if e.get("explain_decode") and hasattr(torch, "rbln"):
             # one decode step of a batch of 2, after its prefill and a first decode step
             eng = llm.llm_engine
@@ -62,6 +65,33 @@ def main(spec_path: str, out_path: str) -> None:
         del llm
         gc.collect()
     json.dump(out, open(out_path, "w"), default=str)
+
+
+def runner_info(llm, spec: dict) -> dict:
+    """What the model runner made its streams, events and per-request generators of, and two
+    runs of the same seeded sampling (one engine process: the runner is in this process)."""
+    import torch
+    from vllm import SamplingParams
+
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    seeded = SamplingParams(temperature=1.0, seed=7, max_tokens=spec["max_tokens"],
+                            ignore_eos=True)
+    ps = [{"prompt_token_ids": p} for p in prompts(2, 16, spec["vocab"])]
+    runs = [[list(o.outputs[0].token_ids) for o in llm.generate(ps, seeded, use_tqdm=False)]
+            for _ in range(2)]
+    eng = llm.llm_engine
+    eng.add_request("seeded", ps[0], seeded)
+    eng.step()
+    generators = [str(g.device) for g in runner.input_batch.generators.values()]
+    while eng.has_unfinished_requests():
+        eng.step()
+    return dict(async_scheduling=runner.use_async_scheduling,
+                copy_stream=type(runner.async_output_copy_stream).__module__ + "." +
+                type(runner.async_output_copy_stream).__name__,
+                prepare_inputs_event=type(runner.prepare_inputs_event).__name__,
+                transfer_event=runner.transfer_event.device.type,
+                generators=generators, seeded_runs=runs,
+                cuda_stream_outside=torch.cuda.Stream.__module__)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ fails.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -232,6 +233,36 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 
+# -- scoped patches: applied only inside a ``with`` block ------------------------------------
+
+# the torch.cuda names vLLM's GPU model runner uses; torch.rbln has each under the same name
+CUDA_AS_RBLN = ("Stream", "Event", "current_stream", "default_stream", "stream", "set_stream",
+                "synchronize")
+
+
+# the names the scoped patches replace (checked by the ABI handshake like the others)
+SCOPED: tuple[Hook, ...] = tuple(
+    Hook(f"torch.cuda.{name}", "vLLM's model runner on rbln (scoped)", at_import=False)
+    for name in CUDA_AS_RBLN)
+
+
+@contextmanager
+def cuda_names_as_rbln():
+    """Inside, ``torch.cuda.Stream``/``Event``/``stream``/... are ``torch.rbln``'s (vLLM's GPU
+    model runner calls them by their CUDA names; vLLM's XPU runner and vllm-ascend map them the
+    same way). Scoped, not for the whole process, so that code outside still sees torch's own
+    ``torch.cuda``."""
+    import torch
+    saved = {name: getattr(torch.cuda, name) for name in CUDA_AS_RBLN}
+    for name in CUDA_AS_RBLN:
+        setattr(torch.cuda, name, getattr(torch.rbln, name))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, fn)
+
+
 def apply_all() -> None:
     """Apply every patch (once per process: the backend loads once)."""
     for p in PATCHES:
@@ -280,9 +311,14 @@ PRIVATE: tuple[Hook, ...] = (
     Hook("torch._higher_order_ops.auto_functionalize.auto_functionalized_v2",
          "graph-mode: mutating operators with their own rbln kernel", at_import=False),
     Hook("torch._inductor.compile_fx.compile_fx", "graph-mode kernels", at_import=False),
+    # the rbln-ccl process group (distributed/process_group.py) overrides these of PyTorch's
+    # Python ProcessGroup route
+    *(Hook(f"torch.distributed.ProcessGroup.{name}", "the rbln-ccl process group")
+      for name in ("_allgather_base", "_reduce_scatter_base", "_get_sequence_number_for_group",
+                   "_set_sequence_number_for_group")),
 )
 
 
 def hooks() -> tuple[Hook, ...]:
     """Every PyTorch name the backend patches or relies on (what ``abi.HOOKS`` checks)."""
-    return tuple(Hook(t, p.why, p.at_import) for p in PATCHES for t in p.targets) + PRIVATE
+    return tuple(Hook(t, p.why, p.at_import) for p in PATCHES for t in p.targets) + PRIVATE + SCOPED

@@ -4,20 +4,20 @@ vLLM's V1 runner (``vllm/v1/worker/gpu_model_runner.py``) is written for CUDA bu
 device through ``self.device``; the parts that assume CUDA are replaced here, the way vLLM's CPU
 and XPU runners do it:
 
-* streams and events: the runner creates ``torch.cuda.Stream`` / ``torch.cuda.Event`` /
-  ``torch.Event`` objects in ``__init__`` (async output copies, a transfer event for
-  ``_to_list``). rbln has no stream/event synchronisation yet, so they are created as no-op
-  placeholders (as vLLM's CPU runner does) and ``_to_list`` copies with a plain ``tolist``;
+* streams and events: the runner names ``torch.cuda.Stream`` / ``torch.cuda.Event`` /
+  ``torch.cuda.current_stream`` / ``torch.cuda.stream`` (async output copies, async
+  scheduling) and ``torch.Event`` (the transfer event of ``_to_list``). While the runner is
+  built and while it samples (where async outputs are made), those ``torch.cuda`` names are
+  rbln's streams and events, the way vLLM's XPU runner and vllm-ascend map them onto their
+  devices; ``torch.Event()`` is an rbln event already (rbln is the current accelerator);
 * step metadata on the host: block tables, slot mappings, query start offsets and sequence
   lengths stay host tensors (the runner's CPU half of each ``CpuGpuBuffer``), as the vendor's
   plugin keeps them by default. Integer bookkeeping would otherwise run as CPU fallbacks of
   int ops every step. Model inputs (token ids, positions), sampling parameters, weights,
   activations and the KV cache are rbln tensors;
 * the ``compute_slot_mapping`` kernel (Triton on GPUs, C++ on the CPU) has a PyTorch body here;
-* per-request generators (seeded sampling, and the sampler warm-up) are made with
-  ``torch.Generator(device=self.device)``; where this torch_rbln build has no rbln generators
-  they are host generators, which is where random sampling runs anyway (RNG ops are host ops
-  on rbln).
+* per-request generators (seeded sampling, and the sampler warm-up) are rbln generators,
+  ``torch.Generator(device=self.device)`` as on a GPU.
 
 Weights: ``load_model`` builds the model under ``torch.device(self.device)`` like the GPU path,
 so every parameter and buffer is created on rbln.
@@ -25,12 +25,12 @@ so every parameter and buffer is created on rbln.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 from vllm.logger import init_logger
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from ..patches import cuda_names_as_rbln
 
 logger = init_logger(__name__)
 
@@ -41,7 +41,7 @@ _DEVICE_INPUTS = frozenset({"input_ids", "inputs_embeds", "mrope_positions", "po
 
 class RblnModelRunner(GPUModelRunner):
     def __init__(self, vllm_config, device: torch.device):
-        with _no_streams_or_events():
+        with cuda_names_as_rbln():
             super().__init__(vllm_config, device)
         self.use_cuda_graph = False
         self._keep_metadata_on_host()
@@ -59,82 +59,12 @@ class RblnModelRunner(GPUModelRunner):
                 if isinstance(v, CpuGpuBuffer):
                     v.gpu = v.cpu
 
-    def _update_states(self, scheduler_output):
-        with _host_generators_if_needed():
-            return super()._update_states(scheduler_output)
-
-    def _dummy_sampler_run(self, *args, **kwargs):
-        with _host_generators_if_needed():
-            return super()._dummy_sampler_run(*args, **kwargs)
+    def sample_tokens(self, *args, **kwargs):
+        with cuda_names_as_rbln():
+            return super().sample_tokens(*args, **kwargs)
 
     def _sync_device(self) -> None:
         torch.rbln.synchronize(self.device)
-
-    def _to_list(self, sampled_token_ids: torch.Tensor) -> list[list[int]]:
-        return sampled_token_ids.tolist()
-
-
-@contextmanager
-def _no_streams_or_events():
-    """CUDA stream/event objects the runner creates in ``__init__`` become no-op placeholders."""
-
-    class _Event:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def record(self, *args, **kwargs):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def wait(self, *args, **kwargs):
-            pass
-
-    class _Stream:
-        def __init__(self, *args, **kwargs):
-            self.device = torch.device("rbln")
-
-        def wait_stream(self, *args, **kwargs):
-            pass
-
-    saved = torch.Event, torch.cuda.Event, torch.cuda.Stream
-    torch.Event, torch.cuda.Event, torch.cuda.Stream = _Event, _Event, _Stream
-    try:
-        yield
-    finally:
-        torch.Event, torch.cuda.Event, torch.cuda.Stream = saved
-
-
-def _has_device_generators() -> bool:
-    try:
-        torch.Generator(device="rbln")
-        return True
-    except (NotImplementedError, RuntimeError):
-        return False
-
-
-_DEVICE_GENERATORS = _has_device_generators()
-
-
-@contextmanager
-def _host_generators_if_needed():
-    """``torch.Generator(device="rbln")`` made inside gives a host generator (see above)."""
-    if _DEVICE_GENERATORS:
-        yield
-        return
-    real = torch.Generator
-
-    def generator(device=None):
-        if device is not None and torch.device(device).type == "rbln":
-            device = "cpu"
-        return real(device=device) if device is not None else real()
-
-    torch.Generator = generator
-    try:
-        yield
-    finally:
-        torch.Generator = real
 
 
 def compute_slot_mapping_kernel(num_tokens, max_num_tokens, query_start_loc, positions,

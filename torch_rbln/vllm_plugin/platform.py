@@ -10,7 +10,10 @@ Triton kernels) and on vllm-ascend (a PrivateUse1 device out of tree). Choices, 
   own piecewise backend is built on Inductor for CUDA/CPU and CUDA graphs);
 * attention through :mod:`.attention` (a small SDPA backend over a paged KV cache in rbln
   memory), since vLLM's attention kernels are CUDA, Triton or CPU C++;
-* pinned host memory off, as the vendor's plugin declares it;
+* pinned host memory off for vLLM's buffers, as the vendor's plugin declares it (torch_rbln
+  has pinned memory; see ``is_pin_memory_available``);
+* async scheduling as vLLM decides it (on by default): the runner's output copies overlap on
+  an rbln stream and are synchronised with rbln events (see ``model_runner.py``);
 * collectives through gloo: one device per worker needs none, and the CPU process group is
   what vLLM's CPU platform uses too.
 """
@@ -36,39 +39,10 @@ WORKER = "torch_rbln.vllm_plugin.worker.RblnWorker"
 register_backend("RBLN_SDPA", ATTENTION_BACKEND)
 
 
-def _has_pinned_memory() -> bool:
-    """Whether this torch_rbln build registers a host (pinned-memory) allocator for rbln."""
-    try:
-        torch.empty(1).pin_memory()    # the current accelerator is rbln
-        return True
-    except (NotImplementedError, RuntimeError):
-        return False
-
-
-def _guard_empty_host_cache() -> None:
-    """vLLM's shutdown (``cleanup_dist_env_and_memory`` in vllm/distributed/parallel_state.py)
-    calls ``torch.accelerator.empty_host_cache()`` on every non-CPU platform; without a host
-    allocator registered for the device, PyTorch dereferences a null allocator. There is no
-    host cache to empty then, so the call is skipped for rbln."""
-    orig = torch.accelerator.empty_host_cache
-
-    def empty_host_cache() -> None:
-        acc = torch.accelerator.current_accelerator()
-        if acc is None or acc.type != "rbln":
-            orig()
-
-    torch.accelerator.empty_host_cache = empty_host_cache
-
-
 # vLLM's ahead-of-time compile (vllm/compilation/decorators.py, `aot_compile`) serialises the
 # backend's output and so requires an Inductor OutputCode (torch/_dynamo/aot_compile.py); the
 # rbln graph backend returns its own program, so the model is compiled the regular way.
 os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-
-PINNED_MEMORY = _has_pinned_memory()
-if not PINNED_MEMORY:
-    _guard_empty_host_cache()
-
 
 
 class RblnPlatform(Platform):
@@ -118,6 +92,10 @@ class RblnPlatform(Platform):
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:
+        # Off because the vendor's plugin (vllm-rbln) declares it off, so vLLM stages its host
+        # buffers the way it does on the NPU. torch_rbln itself has pinned memory: vLLM code
+        # that pins unconditionally gets pinned tensors, and torch.accelerator.empty_host_cache()
+        # (vLLM's shutdown) empties rbln's host allocator.
         return False
 
     @classmethod
@@ -182,9 +160,6 @@ class RblnPlatform(Platform):
                 "supported by this plugin; run one engine per rbln device")
         if parallel.enable_dbo:
             parallel.enable_dbo = False
-
-        # async scheduling overlaps steps with CUDA streams and events, which rbln lacks for now
-        vllm_config.scheduler_config.async_scheduling = False
 
         comp = vllm_config.compilation_config
         comp.cudagraph_capture_sizes = []
