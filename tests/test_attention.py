@@ -345,3 +345,22 @@ def test_bert_trains_with_attention_dropout():
     l1, g1 = step(0)
     assert l0 == l1 and all(torch.equal(a, b) for a, b in zip(g0, g1))
     assert all(torch.isfinite(g).all() for g in g0)
+
+
+def test_the_device_program_reads_logsumexp_off_its_softmax():
+    """The attention program takes each row's logsumexp from its softmax instead of a pass of
+    its own: the weights are the softmax kernel's, and logsumexp matches ``torch.logsumexp``
+    to fp32 rounding, ``-inf`` on a fully masked row and NaN on a row holding a NaN."""
+    from torch_rbln.runtime import executors
+    torch.manual_seed(0)
+    s = torch.randn(2, 4, 64, 64) * 4
+    s[0, 0, 3] = float("-inf")
+    s[1, 1, 5, 7] = float("nan")
+    w, lse = executors._softmax_and_lse(s)
+    ref = torch.logsumexp(s, -1)
+    finite = ref.isfinite()
+    assert torch.allclose(lse[finite], ref[finite], rtol=0, atol=1e-5)
+    assert lse[0, 0, 3] == float("-inf") and lse[1, 1, 5].isnan()
+    assert torch.equal(w[0, 0, 3], torch.zeros(64))
+    keep = ~s.isinf().all(-1, keepdim=True).expand_as(s)
+    assert torch.allclose(w[keep], torch.softmax(s, -1)[keep], rtol=0, atol=0, equal_nan=True)

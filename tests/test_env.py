@@ -81,6 +81,7 @@ BAD = {
     "RBLN_DEVICES": "abc", "RBLN_VISIBLE_DEVICES": "abc", "RBLN_NPUS_PER_DEVICE": "3",
     "RBLN_DEVICE_MAP": "0,1", "RBLN_FORCE_NPU_NAME": "GPU-1", "RBLN_DUMMY_DEVICE": "maybe",
     "TORCH_RBLN_VIRTUAL_NPUS": "none", "TORCH_RBLN_DEVICE_MEMORY": "lots",
+    "TORCH_RBLN_NATIVE_WARM_PATH": "maybe", "TORCH_RBLN_MATMUL_PRECISION": "fast",
     "TORCH_RBLN_C10D_ASYNC": "sometimes", "RBLN_FORCE_LOOPBACK_CONTROL_PLANE": "maybe",
 }
 # read only by torch.distributed (each collective, each group creation; tested at the end of
@@ -228,6 +229,33 @@ def test_dispatch_catalog(name, value, case, reason):
     """
     assert probe(body, {}, FALLBACKS) == {"first": [reason], "late": [reason]}
     assert probe(body, {name: value}, FALLBACKS) == {"first": [], "late": []}
+
+
+def test_native_warm_path_is_read_at_import():
+    """Off: every call takes the Python kernel (the same events; test_warm_path.py compares
+    the two paths); setting it after import changes nothing."""
+    body = """
+        from torch_rbln import _C, events
+        a = torch.ones(2, 64, dtype=torch.float16, device="rbln")
+        os.environ["TORCH_RBLN_NATIVE_WARM_PATH"] = "0"          # too late: read at import
+        n = _C.warm_path_served()
+        for _ in range(3):
+            a + a
+        print(json.dumps({"served": _C.warm_path_served() - n,
+                          "hits": events.counters["warm_hit"]["aten::add.out"][0]}))
+    """
+    assert probe(body, {}) == {"served": 2, "hits": 2}
+    assert probe(body, {"TORCH_RBLN_NATIVE_WARM_PATH": "0"}) == {"served": 0, "hits": 2}
+
+
+def test_matmul_precision_is_read_at_import():
+    """Its effect: test_matmul_precision.py; set after import it changes nothing."""
+    body = """
+        from torch_rbln.runtime import executors
+        os.environ["TORCH_RBLN_MATMUL_PRECISION"] = "native"      # too late: read at import
+        print(json.dumps(executors.matmul_precision().form(torch.float16)))
+    """
+    assert probe(body, {"TORCH_RBLN_MATMUL_PRECISION": "widen"}) == "widen"
 
 
 # -- live variables ---------------------------------------------------------------------------

@@ -38,9 +38,13 @@ def setup() -> None:
     torch._register_device_module("rbln", api)
     aten = torch.library.Library("aten", "IMPL")
     _libs.append(aten)
-    for table in (views.kernels(), factories.KERNELS, copy.KERNELS, device_op.kernels(),
-                  data_movement.KERNELS, composites.KERNELS, fallback.host_kernels(),
-                  cuda_dtypes.KERNELS):
+    # the device ops the native warm path serves: it hands every call it does not take itself
+    # to their Python kernels, registered on PrivateUse2 for that
+    warm = device_op.register_warm_path()
+    for name, fn in device_op.kernels().items():
+        aten.impl(name, fn, "PrivateUse2" if name in warm else "PrivateUse1")
+    for table in (views.kernels(), factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
+                  composites.KERNELS, fallback.host_kernels(), cuda_dtypes.KERNELS):
         for name, fn in table.items():
             aten.impl(name, fn, "PrivateUse1")
     for name, fn in (*composites.AUTOGRAD_KERNELS.items(), *cuda_dtypes.KERNELS.items()):

@@ -63,6 +63,13 @@ def _flag_exact_on(name: str, raw: str) -> bool:
     raise _bad(name, raw, "`ON` or `OFF`")
 
 
+def _matmul_precision(name: str, raw: str) -> str:
+    v = raw.strip().lower()
+    if v not in ("auto", "native", "widen"):
+        raise _bad(name, raw, "`auto`, `native` or `widen`")
+    return v
+
+
 def _flag_one(name: str, raw: str) -> bool:
     if raw in ("1",):
         return True
@@ -279,6 +286,14 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "Dtypes that skip the performance fallbacks (64-alignment rule)."),
     Var("TORCH_RBLN_DEPLOY", False, _flag_exact_on, "live", "ON",
         "Deploy mode: skip the host NaN/Inf scan before device dispatch."),
+    Var("TORCH_RBLN_NATIVE_WARM_PATH", True, _flag_truthy, "import",
+        "1/true/t/yes/y/on or 0/false/f/no/n/off",
+        "Serve program-cache hits of eager device ops from the native core (default on); off "
+        "runs every op through the Python kernel, for comparison (ours)."),
+    Var("TORCH_RBLN_MATMUL_PRECISION", "auto", _matmul_precision, "import", "auto, native, widen",
+        "How half-precision matmuls compute (NPU numerics either way: fp32 accumulation, one "
+        "rounding): `native` fp16/bf16 GEMMs where the CPU has them (AVX512-FP16/AMX, "
+        "AVX512-BF16), else `widen` to fp32; `auto` detects it (ours)."),
     Var("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK", frozenset(), _check_names, "live",
         "comma list of " + ", ".join(CHECK_NAMES) + ", or all",
         "Development only: skip the named pre-dispatch checks (warns once)."),

@@ -93,6 +93,25 @@ def torch_section(torch, error) -> list[str]:
                   f"  loaded from: {os.path.dirname(os.path.realpath(torch.__file__))}"]
 
 
+def cpu_section(torch) -> list[str]:
+    """The host CPU the virtual NPU computes on, and the kernels that choice gives."""
+    out = ["host CPU:"]
+    if torch is None:
+        return out + ["  unknown (torch does not import)"]
+    from .runtime import executors
+    name = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                        platform.processor() or platform.machine())
+    except OSError:
+        name = platform.processor() or platform.machine()
+    p = executors.matmul_precision()
+    return out + [f"  model: {name} ({os.cpu_count()} logical cores)",
+                  f"  kernel capability: {torch.backends.cpu.get_cpu_capability()}",
+                  f"  half-precision matmuls: {p.summary}"]
+
+
 def runtime_section() -> list[str]:
     from .runtime import devices
     out = ["virtual NPU runtime:"]
@@ -210,7 +229,8 @@ def collect() -> list[str]:
     """The report's lines (header and all sections). Never raises."""
     lines = ["=== torch-rbln environment diagnostics ===", ""]
     torch, error = import_torch()
-    sections = (package_section, lambda: torch_section(torch, error), runtime_section,
+    sections = (package_section, lambda: torch_section(torch, error), lambda: cpu_section(torch),
+                runtime_section,
                 lambda: abi_section(torch, error), settings_section, env_section)
     for section in sections:
         try:

@@ -231,6 +231,7 @@ void StorageState::wait_pending() {
 }
 
 const c10::Storage& StorageState::host_cpu_storage() {
+  catch_up_host();
   if (!host_cpu_) {
     host_cpu_ = cpu_storage_over(host, host_capacity);
   }
@@ -272,8 +273,26 @@ void StorageState::pull() {
   events::record(d2h_counter(), nbytes);
 }
 
+void StorageState::catch_up_host() {
+  if (host_behind_) {
+    host_behind_ = false;
+    copy_bytes(host, memory_data(block->memory), nbytes);
+  }
+}
+
+bool StorageState::host_read_deferred() {
+  settle();
+  if (residency == Residency::Device) {
+    events::record(d2h_counter(), nbytes);
+    residency = Residency::Synced;
+    host_behind_ = true;
+  }
+  return host_behind_;
+}
+
 void StorageState::host_read() {
   settle();
+  catch_up_host();
   if (residency == Residency::Device) {
     pull();
     residency = Residency::Synced;
@@ -283,6 +302,10 @@ void StorageState::host_read() {
 void StorageState::host_write(bool whole) {
   settle();
   finite_dtype.reset();
+  if (!whole) {
+    catch_up_host();
+  }
+  host_behind_ = false;
   if (residency == Residency::Device && !whole) {
     pull();
   }
@@ -302,6 +325,7 @@ void StorageState::device_read() {
 void StorageState::device_write(bool whole) {
   settle();
   finite_dtype.reset();
+  host_behind_ = false;
   if (residency == Residency::Host && !whole) {
     push();
   } else {
@@ -317,6 +341,7 @@ void StorageState::adopt_device(at::Tensor memory) {
   }
   block->memory = std::move(memory);
   device_memory_changed();
+  host_behind_ = false;
   residency = Residency::Device;
   finite_dtype.reset();
 }

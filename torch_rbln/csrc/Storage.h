@@ -66,6 +66,10 @@ struct StorageState {
   // `memory` (a program's contiguous output covering this whole storage) becomes the device
   // memory: the program wrote straight into it, nothing is copied
   void adopt_device(at::Tensor memory);
+  // host_read for a reader that can take the device side instead (the NaN/Inf scan): the d2h is
+  // recorded and the state becomes Synced as host_read makes it, but the copy waits until the
+  // host view is read (host_read, host_write, any host_* view). True: read the device side.
+  bool host_read_deferred();
   // books the device block (with its memory) if the storage has none yet
   void ensure_device_memory();
   bool has_device_memory() const { return block.has_value() && block->memory.defined(); }
@@ -91,6 +95,7 @@ struct StorageState {
   const c10::Storage& device_cpu_storage();
   void device_memory_changed();
   void wait_pending();
+  void catch_up_host();
 
   c10::Storage host_cpu_;    // CPU storages over each side (non-owning, not resizable), made
   c10::Storage device_cpu_;  // on first use
@@ -101,6 +106,7 @@ struct StorageState {
     at::Tensor alias;
   };
   std::vector<CachedInput> inputs_;
+  bool host_behind_ = false;  // Synced, but the recorded d2h copy has not been made yet
 };
 
 // The state of an rbln storage. A storage made outside the allocator (a PyTorch path that

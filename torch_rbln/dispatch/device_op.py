@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from .. import config, events
+from .. import _C, config, events
 from ..runtime import compiler, devices, executors
 from ..runtime.storage import device_input, host_input
 from . import checks, cuda_dtypes, fallback, results, rules
@@ -27,7 +27,8 @@ _record = events.record
 _perf_ns = time.perf_counter_ns
 _Tensor = torch.Tensor
 _lookup = compiler._cache.get
-_tls = rules.running
+_enter_program = _C.enter_program
+_leave_program = _C.leave_program
 
 
 def _sig(v, ids: dict):
@@ -158,13 +159,13 @@ def make_kernel(entry: OpEntry, registered_name: str):
             if isinstance(a, _Tensor) and a.get_device() >= 0:
                 a = device_input(a)
             dev_args.append(a)
-        # inside a device program: the `reentrant` check sees it
-        depth = getattr(_tls, "depth", 0)
-        _tls.depth = depth + 1
+        # inside a device program: the `reentrant` check sees it (and the native warm path
+        # learns that this key ran as a device program)
+        depth = _enter_program()
         try:
             result = prog.run(*dev_args, **kwargs)
         finally:
-            _tls.depth = depth
+            _leave_program(depth)
         for a in dev_args:
             if result is a:     # the program returned an operand's device memory (see
                 result = result.clone()     # device_input): the output needs its own
@@ -173,6 +174,47 @@ def make_kernel(entry: OpEntry, registered_name: str):
 
     kernel.__name__ = "rbln_" + registered_name.replace(".", "_")
     return kernel
+
+
+# The native warm path (csrc/WarmPath.cpp) serves a program-cache hit of these ops without
+# Python; their Python kernels above stay the reference for everything else (cold compiles,
+# fallbacks, listeners). It runs the program forms it knows: the functional aten op itself, and
+# the matrix units' (that op, widened to fp32 for the dtypes executors.matmul_precision widens).
+_WARM_FORMS = {"direct": 0, "matmul": 1}
+_MODES = {"out": 0, "inplace": 1, "functional": 2}
+
+
+def _warm_form(entry: OpEntry) -> int | None:
+    if entry.name in rules.GATES or entry.operands or entry.name == "div.out_mode":
+        return None     # decisions the native path does not repeat: the gate, rounding modes
+    return _WARM_FORMS.get(entry.kernel)
+
+
+def register_warm_path() -> set:
+    """Put the native warm path in front of every device op it can serve; returns the names
+    whose Python kernel the caller registers on PrivateUse2 (where the warm path calls it)."""
+    from .optable import DEVICE_OPS
+    widened = [d for d in executors.HALF if d not in executors.matmul_precision().native]
+    _C.warm_configure(sorted(rules.DISPATCH_DTYPES, key=str), sorted(rules.STRICT_DTYPES, key=str),
+                      widened, executors.WIDEN_MIN_ROWS, results.deliver_device)
+    _C.set_warm_path(config.latched("TORCH_RBLN_NATIVE_WARM_PATH"))
+    served = set()
+    for e in DEVICE_OPS:
+        form = _warm_form(e)
+        if form is None:
+            continue
+        for name in (e.name, *e.aliases):
+            registered = overload(name)
+            if len(registered._schema.returns) != 1:
+                continue
+            mode = e.out if name == e.name else "functional"
+            # a matmul's left operand (its rows decide widening) and whether it is batched
+            left = 1 if e.fn.startswith("addmm") else 0
+            _C.warm_register(name, "aten::" + e.name, e.fn, _MODES[mode],
+                             list(rules.tensor_slots(e, registered)), list(e.skip_dtype),
+                             e.align64, form, left, e.fn.startswith("bmm"))
+            served.add(name)
+    return served
 
 
 def kernels() -> dict:

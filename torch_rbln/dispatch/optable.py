@@ -21,7 +21,8 @@ Fields of :class:`OpEntry`:
   among the optimization candidates (fallback ops without a handler)
 * ``kernel``     the executor form (``runtime/executors.py``): ``"direct"`` (the functional op on
   device memory; its CPU kernel already accumulates in fp32 and rounds once), ``"fp32"``
-  (inputs widened to fp32, one rounding at the end), or the name of a custom kernel
+  (inputs widened to fp32, one rounding at the end), ``"matmul"`` (``direct`` where the CPU has
+  native half-precision GEMMs, else ``fp32``), or the name of a custom kernel
 * ``operands``   positional indices the checks look at (empty: every tensor argument)
 * ``autograd``   an AutogradPrivateUse1 kernel for a CompositeImplicit op (``"linear"``: a
   Function whose backward is ``aten::linear_backward``), so autograd records it
@@ -94,10 +95,10 @@ DEVICE_OPS: tuple[OpEntry, ...] = (
     OpEntry("max", "max.default", out="functional"),
     OpEntry("min", "min.default", out="functional"),
     # matrix units
-    OpEntry("mm.out", "mm.default", aliases=("mm",)),
-    OpEntry("bmm.out", "bmm.default", aliases=("bmm",)),
-    OpEntry("addmm.out", "addmm.default", aliases=("addmm",)),
-    OpEntry("linear", "linear.default", out="functional", autograd="linear",
+    OpEntry("mm.out", "mm.default", aliases=("mm",), kernel="matmul"),
+    OpEntry("bmm.out", "bmm.default", aliases=("bmm",), kernel="matmul"),
+    OpEntry("addmm.out", "addmm.default", aliases=("addmm",), kernel="matmul"),
+    OpEntry("linear", "linear.default", out="functional", autograd="linear", kernel="matmul",
             notes="under autograd: a Function whose backward is aten::linear_backward"),
     # softmax and selection
     OpEntry("_softmax.out", "_softmax.default", aliases=("_softmax",)),

@@ -16,15 +16,12 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .. import config
-from ..runtime.storage import state_of
-from .layout import spans_storage
+from .. import _C, config
 from .optable import OpEntry
 
 _log = logging.getLogger("torch_rbln")
@@ -101,9 +98,9 @@ class Rule:
     graph: bool = False  # decidable from a traced graph
 
 
-# per-thread count of device programs running (the ``reentrant`` rule); the device-op kernel
-# raises and restores it around each program
-running = threading.local()
+# per-thread count of device programs running (the ``reentrant`` rule), kept by the native core:
+# both the Python kernel and the native warm path raise and restore it around each program
+_program_depth = _C.program_depth
 
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
 _isfinite = math.isfinite
@@ -114,25 +111,20 @@ _SCAN_ACC = {torch.float16: torch.float32, torch.bfloat16: torch.float64,
 
 
 def has_nonfinite(t: torch.Tensor) -> bool:
-    """The host NaN/Inf scan of one operand: a physical d2h first if its data is on device.
+    """The NaN/Inf scan of one operand: one sum in a dtype wide enough that finite inputs never
+    overflow (any NaN/Inf, and only that, makes it non-finite).
 
-    A storage scanned whole and found finite stays marked until its next write (the mark is
-    cleared by every residency write transition), so unchanged weights are scanned once."""
+    For an rbln tensor (in the native core, which the warm path calls too) a device-latest
+    storage records its physical d2h and becomes host-readable as a host read makes it, but
+    the scan reads the device bytes in place: the copy itself waits until the host view is
+    read. A storage scanned whole and found finite stays marked until its next write, so
+    unchanged weights are scanned once."""
     acc = _SCAN_ACC.get(t.dtype)
     if acc is None:
         return False            # bool and integer tensors never count
     if t.get_device() < 0:      # not an rbln tensor
         return not _isfinite(t.sum(dtype=acc).item())
-    state = state_of(t)
-    if state.finite_dtype is t.dtype:
-        return False
-    state.host_read()
-    whole = spans_storage(t, state.nbytes)
-    h = state.host_flat(t.dtype) if whole else state.host_alias(t)
-    bad = not _isfinite(h.sum(dtype=acc).item())
-    if whole and not bad:
-        state.finite_dtype = t.dtype
-    return bad
+    return _C.has_nonfinite(t)
 
 
 def nonfinite_scalar(args, scalars) -> bool:
@@ -147,7 +139,7 @@ def nonfinite_scalar(args, scalars) -> bool:
 
 
 def reentrant() -> bool:
-    if getattr(running, "depth", 0):
+    if _program_depth():
         _log.warning("Unexpected CPU fallback: reentrant dispatch (already inside RBLN compile op)")
         return True
     return False

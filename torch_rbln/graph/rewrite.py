@@ -85,14 +85,7 @@ def _with_layouts(fn, val):
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
                       torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default,
                       torch.ops.aten.linear.default})
-_HALF = (torch.float16, torch.bfloat16)
 _to_copy = torch.ops.aten._to_copy.default
-
-
-# Below this many rows of the left operand, widening costs more than it saves: the conversion
-# copies the whole right operand (the weight) on every call, while the GEMM itself is small.
-# A decode step (one token per sequence) is the case: its LM head alone converts 262M weights.
-WIDEN_MIN_ROWS = 64
 
 
 def _rows(n: torch.fx.Node):
@@ -115,15 +108,13 @@ def fp32_matmuls(gm: torch.fx.GraphModule) -> None:
     fp32 accumulation, the result rounded once. A host without a native fp16 GEMM runs the
     half-precision kernel several times slower than fp32 (AVX2: ~7x), so this is also what
     makes device programs fast. Matmuls with few rows keep the half-precision kernel, which
-    accumulates in fp32 and rounds once as well (the eager device op runs that same kernel)."""
+    accumulates in fp32 and rounds once as well, and so do dtypes this CPU has native GEMMs for
+    (AVX512-FP16/AMX): the choice eager programs make too (``executors.widens``)."""
     g = gm.graph
     for n in list(g.nodes):
         v = n.meta.get("val")
         if (n.op != "call_function" or n.target not in _MATMULS
-                or getattr(v, "dtype", None) not in _HALF):
-            continue
-        rows = _rows(n)
-        if rows is not None and rows < WIDEN_MIN_ROWS:
+                or not executors.widens(getattr(v, "dtype", None), _rows(n))):
             continue
         with g.inserting_before(n):
             n.args = tuple(g.call_function(_to_copy, (a,), {"dtype": torch.float32})

@@ -26,7 +26,7 @@ import torch
 from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import events
+from .. import _C, events
 from . import caches
 
 _record = events.record
@@ -87,6 +87,7 @@ _lock = threading.Lock()
 def clear_cache() -> None:
     with _lock:
         _cache.clear()
+        _C.warm_clear()     # the native warm path's keys stand for programs of this cache
 
 
 def cache_size() -> int:

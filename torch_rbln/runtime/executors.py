@@ -8,6 +8,11 @@ to the output dtype once, at the op boundary. The forms:
   internally and round once, which is exactly the NPU contract, so no extra pass is needed.
 * ``fp32``    widen every fp16/bf16 input to fp32, run the op, round each floating output to
   its dtype (for ops whose CPU kernel would round between internal steps).
+* ``matmul``  the matrix units: ``direct`` where this CPU has native half-precision GEMM kernels
+  (AVX512-FP16 / AMX for fp16, AVX512-BF16 / AMX for bf16: fp32 accumulation, one rounding),
+  ``fp32`` elsewhere (without them PyTorch's half-precision GEMM is many times slower than
+  widening). :func:`matmul_precision` makes the choice once per process; graph programs make
+  the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it.
 * custom      programs whose body is written out here (attention, ``linear_backward``): each
   step in fp32, one rounding per output.
 """
@@ -15,10 +20,13 @@ to the output dtype once, at the op boundary. The forms:
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-_LOW = (torch.float16, torch.bfloat16)
+_LOW = HALF = (torch.float16, torch.bfloat16)
 _f32 = torch.float32
 
 
@@ -94,12 +102,22 @@ def _sum_heads(g, hk):
     return g.unflatten(-3, (hk, h // hk)).sum(-3)
 
 
-def _safe_softmax(s, lse):
-    """Attention weights ``softmax(s)`` in which a row whose logits are all ``-inf`` (a query
-    that may attend to no key: a fully masked row) is zeros instead of NaN, as PyTorch's own
-    attention (``aten::_safe_softmax``) defines it. ``lse`` is the row's logsumexp, ``-inf``
-    exactly for such rows (a row holding a NaN stays NaN, as there)."""
-    return torch.softmax(s, -1).masked_fill(lse.unsqueeze(-1).eq(float("-inf")), 0.0)
+def _softmax_and_lse(s):
+    """Attention weights ``softmax(s)`` and each row's logsumexp. A row whose logits are all
+    ``-inf`` (a query that may attend to no key: a fully masked row) has zero weights instead of
+    NaN, as PyTorch's own attention (``aten::_safe_softmax``) defines it, and logsumexp ``-inf``
+    (a row holding a NaN stays NaN).
+
+    The logsumexp is read off the softmax instead of computed by a pass of its own (several
+    times the softmax's cost on a CPU): at a row's largest logit ``m`` the weight is
+    ``exp(m - lse)``, so ``lse = m - log(max weight)``. The weights are the softmax kernel's own,
+    so the attention's output does not change; only ``lse`` may differ from ``torch.logsumexp``
+    in its last bits (the backward recomputes its own weights and does not read it)."""
+    m = s.amax(-1)
+    masked = m.eq(float("-inf"))
+    w = torch.softmax(s, -1).masked_fill(masked.unsqueeze(-1), 0.0)
+    lse = torch.where(masked, m, m - w.amax(-1).log())
+    return w, lse
 
 
 def dropout_keep(seed: int, shape, p: float) -> torch.Tensor:
@@ -121,8 +139,7 @@ def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
     dtype = q.dtype
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     s = _scores(q.to(_f32), k.to(_f32), attn_bias, is_causal, sc)
-    lse = torch.logsumexp(s, -1)
-    w = _safe_softmax(s, lse)
+    w, lse = _softmax_and_lse(s)
     vr = _repeat_kv(v.to(_f32), q.shape[-3])
     if dropout_p > 0.0:
         w = w.masked_fill(dropout_mask.logical_not(), 0.0)
@@ -154,7 +171,7 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     qf, kf, vf, go = q.to(_f32), k.to(_f32), v.to(_f32), grad_out.to(_f32)
     s = _scores(qf, kf, attn_bias, is_causal, sc)
-    w = _safe_softmax(s, torch.logsumexp(s, -1))
+    w, _ = _softmax_and_lse(s)
     kr, vr = _repeat_kv(kf, h), _repeat_kv(vf, h)
     if dropout_p > 0.0:
         # out = (w * keep) @ (v * c): the dropped weights get no gradient
@@ -203,10 +220,101 @@ CUSTOM = {
 }
 
 
+# ------------------------------------------------------------------------------------------
+# matmul precision per CPU
+
+# oneDNN's ISA levels from low to high (ONEDNN_MAX_CPU_ISA caps the kernels it may use); the
+# first level with native fp16 / bf16 GEMMs
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16",
+                "AVX10_1_512_AMX", "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16",
+                "AVX512_CORE_AMX_FP16", "ALL", "DEFAULT")
+_ONEDNN_NATIVE = {torch.float16: "AVX10_1_512", torch.bfloat16: "AVX512_CORE_BF16"}
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@dataclass(frozen=True)
+class MatmulPrecision:
+    """How half-precision matmuls compute on this host: ``"native"`` (the dtype's own CPU
+    kernel) or ``"widen"`` (fp32 operands, one rounding), per dtype, and why."""
+    native: frozenset
+    reason: str
+
+    def form(self, dtype) -> str:
+        return "native" if dtype in self.native else "widen"
+
+    @property
+    def summary(self) -> str:
+        kinds = ", ".join(f"{str(d).removeprefix('torch.')} {self.form(d)}"
+                          for d in (torch.float16, torch.bfloat16))
+        return f"{kinds} ({self.reason})"
+
+
+@lru_cache(maxsize=None)
+def matmul_precision() -> MatmulPrecision:
+    """The process's choice (TORCH_RBLN_MATMUL_PRECISION, read once: ``auto`` detects)."""
+    from .. import config
+    forced = config.latched("TORCH_RBLN_MATMUL_PRECISION")
+    if forced == "native":
+        return MatmulPrecision(frozenset({torch.float16, torch.bfloat16}),
+                               "TORCH_RBLN_MATMUL_PRECISION=native")
+    if forced == "widen":
+        return MatmulPrecision(frozenset(), "TORCH_RBLN_MATMUL_PRECISION=widen")
+    cap = torch.backends.cpu.get_cpu_capability()
+    if not cap.startswith("AVX512"):
+        return MatmulPrecision(frozenset(), f"kernel capability {cap}: no native half-precision "
+                                            f"GEMM")
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").strip().upper()
+    level = _ONEDNN_ISAS.index(isa) if isa in _ONEDNN_ISAS else len(_ONEDNN_ISAS)
+    flags = _cpu_flags()
+    has = {torch.float16: bool(flags & {"avx512_fp16", "amx_fp16"}),
+           torch.bfloat16: bool(flags & {"avx512_bf16", "amx_bf16"})}
+    native = frozenset(d for d, ok in has.items()
+                       if ok and level >= _ONEDNN_ISAS.index(_ONEDNN_NATIVE[d]))
+    found = [f for f in ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16") if f in flags]
+    return MatmulPrecision(native, f"capability {cap}, CPU flags: {', '.join(found) or 'none'}"
+                                   f"{'; ONEDNN_MAX_CPU_ISA=' + isa if isa != 'ALL' else ''}")
+
+
+# Below this many rows of the left operand, widening costs more than it saves: the conversion
+# copies the whole right operand (the weight) on every call, while the GEMM itself is small.
+# A decode step (one token per sequence) is the case: its LM head alone converts 262M weights.
+WIDEN_MIN_ROWS = 64
+
+
+def widens(dtype, rows: int | None) -> bool:
+    """A matmul of ``dtype`` whose left operand has ``rows`` rows (per batch entry; None:
+    unknown) computes on fp32 operands: a half-precision dtype without a native GEMM on this
+    CPU, and enough rows. Eager programs, the native warm path and graph programs ask this."""
+    return (dtype in HALF and dtype not in matmul_precision().native
+            and (rows is None or rows >= WIDEN_MIN_ROWS))
+
+
+def matmul(fn, out_meta):
+    shape, dtype = (out_meta[0], out_meta[1]) if (
+        isinstance(out_meta, tuple) and len(out_meta) == 3) else ((), None)
+    rows = math.prod(shape[:-1]) if shape else None
+    if rows is not None and fn is torch.ops.aten.bmm.default:
+        rows //= max(shape[0], 1)           # per batch entry: each GEMM is one matrix
+    return fp32(fn, out_meta) if widens(dtype, rows) else direct(fn, out_meta)
+
+
 def build(kernel: str, fn, out_meta):
     """The run callable of a program compiled for ``fn`` in executor form ``kernel``."""
     if kernel == "direct":
         return direct(fn, out_meta)
     if kernel == "fp32":
         return fp32(fn, out_meta)
+    if kernel == "matmul":
+        return matmul(fn, out_meta)
     return CUSTOM[kernel]

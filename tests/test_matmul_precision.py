@@ -1,0 +1,114 @@
+"""Half-precision matmuls per CPU: NPU numerics (fp32 accumulation, one rounding) from the
+dtype's native GEMM where the CPU has one (AVX512-FP16/AMX, AVX512-BF16), else from widened fp32
+operands; eager and graph programs make the same choice, and diagnose shows it. This host may
+have no native kernels, so the native branch is exercised by forcing the choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_devices import probe
+from torch_rbln.graph import rewrite
+from torch_rbln.runtime import executors
+
+H = torch.float16
+
+
+def _detect(monkeypatch, cap, flags, isa=None):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cap)
+    monkeypatch.setattr(executors, "_cpu_flags", lambda: set(flags))
+    if isa is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+    monkeypatch.delenv("TORCH_RBLN_MATMUL_PRECISION", raising=False)
+    from torch_rbln import config
+    monkeypatch.setattr(config, "_latched", {})
+    return executors.matmul_precision.__wrapped__()
+
+
+@pytest.mark.parametrize("cap,flags,isa,native", [
+    ("AVX2", {"avx2", "f16c"}, None, set()),
+    ("AVX512", {"avx512f"}, None, set()),
+    ("AVX512", {"avx512f", "avx512_bf16"}, None, {torch.bfloat16}),
+    ("AVX512", {"avx512f", "avx512_fp16", "avx512_bf16"}, None, {H, torch.bfloat16}),
+    ("AVX512", {"amx_bf16", "amx_fp16", "amx_tile"}, None, {H, torch.bfloat16}),
+    # the kernel paths forced down: ATEN_CPU_CAPABILITY=avx2 / ONEDNN_MAX_CPU_ISA=AVX2
+    ("AVX2", {"amx_bf16", "amx_fp16", "avx512_fp16"}, None, set()),
+    ("AVX512", {"amx_bf16", "amx_fp16", "avx512_fp16"}, "AVX2", set()),
+    ("AVX512", {"avx512_fp16", "avx512_bf16"}, "AVX512_CORE_BF16", {torch.bfloat16}),
+])
+def test_the_choice_follows_the_cpu(monkeypatch, cap, flags, isa, native):
+    p = _detect(monkeypatch, cap, flags, isa)
+    assert set(p.native) == native
+    assert p.form(H) == ("native" if H in native else "widen")
+    assert cap in p.reason and p.summary.startswith("float16 ")
+
+
+def _matmul_graph():
+    def f(a, b):
+        return torch.mm(a, b) + 1
+    return torch.fx.symbolic_trace(f)
+
+
+@pytest.mark.parametrize("native", [frozenset(), frozenset({H})])
+def test_graph_programs_widen_only_what_the_cpu_has_no_kernel_for(monkeypatch, native):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    gm = _matmul_graph()
+    with FakeTensorMode() as mode:
+        a = mode.from_tensor(torch.ones(64, 64, dtype=H))
+        b = mode.from_tensor(torch.ones(64, 8, dtype=H))
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                n.meta["val"] = a if n.name == "a" else b
+            elif n.target is torch.mm:
+                n.target = torch.ops.aten.mm.default
+                n.meta["val"] = torch.ops.aten.mm.default(a, b)
+    monkeypatch.setattr(executors, "matmul_precision",
+                        lambda: executors.MatmulPrecision(native, "forced"))
+    rewrite.fp32_matmuls(gm)
+    casts = [n for n in gm.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert len(casts) == (0 if H in native else 3)     # two operands widened, one rounding
+
+
+EAGER = """
+    import torch
+    from torch_rbln import _C
+    from torch_rbln.runtime import executors
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 256).half(), torch.randn(256, 64).half()
+    da, db = a.to("rbln"), b.to("rbln")
+    n = _C.warm_path_served()
+    got = [torch.mm(da, db).cpu() for _ in range(2)]          # cold (Python), warm (native)
+    w = b.t().contiguous()
+    got += [torch.nn.functional.linear(da, w.to("rbln")).cpu() for _ in range(2)]
+    native = [torch.mm(a, b)] * 2 + [torch.nn.functional.linear(a, w)] * 2
+    widened = [torch.mm(a.float(), b.float()).half()] * 2 + [
+        torch.nn.functional.linear(a.float(), w.float()).half()] * 2
+    # few rows (a decode step) keep the half-precision kernel either way
+    few = [torch.mm(da[:8].contiguous(), db).cpu() for _ in range(2)]
+    print(json.dumps({"form": executors.matmul_precision().form(torch.float16),
+                      "served": _C.warm_path_served() - n,
+                      "native": [bool(torch.equal(g, r)) for g, r in zip(got, native)],
+                      "widened": [bool(torch.equal(g, r)) for g, r in zip(got, widened)],
+                      "few": [bool(torch.equal(g, torch.mm(a[:8], b))) for g in few],
+                      "differ": not torch.equal(native[0], widened[0])}))
+"""
+
+
+@pytest.mark.parametrize("choice", ["native", "widen"])
+def test_eager_programs_compute_as_chosen(choice):
+    """Both paths (the cold Python kernel and the native warm path) run the chosen kernel."""
+    out = probe(EAGER, {"TORCH_RBLN_MATMUL_PRECISION": choice})
+    assert out["form"] == choice and out["served"] == 3
+    assert out["differ"]                  # the two kernels round differently on these inputs
+    assert out[{"native": "native", "widen": "widened"}[choice]] == [True] * 4
+    assert out["few"] == [True, True]
+
+
+def test_diagnose_shows_the_choice():
+    from torch_rbln import diagnose
+    lines = diagnose.cpu_section(torch)
+    assert any(line.strip().startswith("half-precision matmuls: float16 ") for line in lines)
+    assert any(torch.backends.cpu.get_cpu_capability() in line for line in lines)

@@ -1,0 +1,229 @@
+"""The native warm path (csrc/WarmPath.cpp) against the Python kernel it stands in for.
+
+A random program of eager ops (cache hits and misses, out= and in-place forms, scalar operands,
+non-contiguous views, host-latest and device-latest operands, reads back to the host, NaN
+inputs, failed checks, deploy mode switched on and off) runs twice from an empty program cache:
+with the warm path on, and with it forced off (every call through the Python kernel). Results,
+every event and count (and every byte amount), and the arena's statistics must be equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_rbln import _C, events
+
+D = "rbln"
+H = torch.float16
+TIMED = {"recompile", "cpu_fallback", "runtime"}    # amounts in ns: differ run to run
+
+
+@contextlib.contextmanager
+def warm_path(on: bool):
+    before = _C.warm_path_enabled()
+    _C.set_warm_path(on)
+    try:
+        yield
+    finally:
+        _C.set_warm_path(before)
+
+
+def _ops(rng: random.Random):
+    """(name, fn(pool) -> tensor or None) steps; ``pool`` holds rbln tensors of shape (8, 64)."""
+    def pick(pool):
+        return pool[rng.randrange(len(pool))]
+
+    def out_add(pool):
+        out = torch.empty(8, 64, dtype=H, device=D)
+        torch.add(pick(pool), pick(pool), out=out)
+        return out
+
+    def inplace_fill(pool):
+        t = pick(pool).clone()
+        t.masked_fill_(pick(pool) > 0, 0.5)
+        return t
+
+    def deploy(pool):
+        if os.environ.get("TORCH_RBLN_DEPLOY"):
+            del os.environ["TORCH_RBLN_DEPLOY"]
+        else:
+            os.environ["TORCH_RBLN_DEPLOY"] = "ON"
+
+    def nan_input(pool):
+        t = pick(pool).clone()
+        t[0, 0] = float("nan")
+        return t + pick(pool)
+
+    def nan_scalar(pool):
+        pick(pool) * float("nan")          # in deploy mode: compiled on every call (NaN != NaN)
+
+    w = torch.randn(64, 64).to(H).to(D)
+    b = torch.randn(64).to(H).to(D)
+    return [
+        ("add", lambda p: pick(p) + pick(p)),
+        ("same operand", lambda p: (lambda x: x * x)(pick(p))),
+        ("sub alpha", lambda p: torch.sub(pick(p), pick(p), alpha=2)),
+        ("mul scalar", lambda p: pick(p) * rng.choice([0.5, 2.0, 3])),
+        ("div", lambda p: pick(p) / (pick(p).abs() + 1)),
+        ("neg", lambda p: -pick(p)),
+        ("silu", lambda p: F.silu(pick(p))),
+        ("sigmoid", lambda p: torch.sigmoid(pick(p))),
+        ("maximum", lambda p: torch.maximum(pick(p), pick(p))),
+        ("compare", lambda p: (pick(p) > pick(p)).to(H)),
+        ("where", lambda p: torch.where(pick(p) > 0, pick(p), pick(p))),
+        ("clamp", lambda p: pick(p).clamp(-1, 1)),
+        ("pow", lambda p: pick(p).pow(2)),
+        ("mean", lambda p: pick(p).mean(-1, keepdim=True).expand(8, 64).contiguous()),
+        ("softmax", lambda p: torch.softmax(pick(p), -1)),
+        ("mm", lambda p: torch.mm(pick(p), w)),
+        ("addmm", lambda p: torch.addmm(b, pick(p), w)),
+        ("linear", lambda p: F.linear(pick(p), w, b)),
+        ("bmm", lambda p: torch.bmm(pick(p).view(2, 4, 64), w.expand(2, 64, 64)).view(8, 64)),
+        ("transposed", lambda p: (pick(p).view(8, 64).t() + pick(p).view(64, 8)).t()),
+        ("out=", out_add),
+        ("in-place", inplace_fill),
+        ("host read", lambda p: pick(p).cpu().to(D)),
+        ("host write", lambda p: torch.randn(8, 64).to(H).to(D)),
+        ("offset (fallback)", lambda p: (pick(p).view(-1)[64:] + 1).view(7, 64).repeat(2, 1)[:8]),
+        ("fp32 (fallback)", lambda p: (pick(p).float() + 1).to(H)),
+        ("unaligned (fallback)", lambda p: torch.cat([pick(p)[:, :48] * 2, pick(p)[:, 48:]], 1)),
+        ("nan input (fallback)", nan_input),
+        ("nan scalar", nan_scalar),
+        ("deploy on/off", deploy),
+    ]
+
+
+def _run(seed: int, steps: int, on: bool):
+    """The program of ``seed`` from an empty program cache; returns (results, event deltas,
+    arena statistics deltas)."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    torch.rbln.empty_cache()        # no programs, no cached device blocks
+    os.environ.pop("TORCH_RBLN_DEPLOY", None)
+    pool = [torch.randn(8, 64).to(H).to(D) for _ in range(4)]
+    ops = _ops(rng)
+    results = []
+    mem0 = torch.rbln.memory_stats()
+    ev0 = events.snapshot()
+    try:
+        with warm_path(on):
+            for _ in range(steps):
+                name, fn = ops[rng.randrange(len(ops))]
+                r = fn(pool)
+                if r is not None:
+                    assert r.shape == (8, 64), name
+                    pool[rng.randrange(len(pool))] = r
+                    results.append((name, r))
+    finally:
+        os.environ.pop("TORCH_RBLN_DEPLOY", None)
+    ev1 = events.snapshot()
+    mem1 = torch.rbln.memory_stats()
+    delta = {}
+    for kind, table in ev1.items():
+        for key, (n, amount) in table.items():
+            n0, a0 = ev0[kind].get(key, [0, 0])
+            if n != n0:
+                delta[(kind, key)] = (n - n0, None if kind in TIMED else amount - a0)
+    mem = {k: mem1[k] - mem0.get(k, 0) for k in mem1 if not k.endswith(".peak")}
+    return [(name, r.cpu()) for name, r in results], delta, mem
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_warm_path_and_python_path_agree_on_every_event(seed):
+    served = _C.warm_path_served()
+    warm = _run(seed, 120, on=True)
+    took = _C.warm_path_served() - served
+    python = _run(seed, 120, on=False)
+    assert _C.warm_path_served() - served == took      # forced off: it served nothing
+    assert took > 20                                     # the warm path did run the hits
+    assert warm[1] == python[1]                          # every event, count and byte
+    assert warm[2] == python[2]                          # the arena's statistics
+    assert [n for n, _ in warm[0]] == [n for n, _ in python[0]]
+    for (name, a), (_, b) in zip(warm[0], python[0]):
+        assert torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(
+            a.nan_to_num(), b.nan_to_num()), name
+    kinds = {k for k, _ in warm[1]}
+    assert {"dispatch", "warm_hit", "recompile", "h2d", "d2h", "cpu_fallback"} <= kinds
+
+
+def test_a_listener_sees_the_same_events_as_the_counters():
+    """While a listener is attached every call takes the Python path: each event reaches it."""
+    seen = []
+    a = torch.randn(4, 64).to(H).to(D)
+    a + a                                                 # compiled: the next call is a hit
+    before = events.snapshot()
+    def listener(kind, key, amount):
+        seen.append((kind, key))
+
+    events.listen(listener)
+    try:
+        served = _C.warm_path_served()
+        a + a
+        assert _C.warm_path_served() == served
+    finally:
+        events.unlisten(listener)
+    after = events.snapshot()
+    counted = sorted((k, key) for k, t in after.items() for key, (n, _) in t.items()
+                     for _ in range(n - before[k].get(key, [0, 0])[0]))
+    assert sorted(seen) == counted
+    assert ("warm_hit", "aten::add.out") in seen
+
+
+def test_dropping_the_program_cache_drops_the_warm_path_keys():
+    a = torch.randn(4, 64).to(H).to(D)
+    a - a
+    a - a
+    n = events.total("recompile")[0]
+    torch.rbln.empty_cache()
+    a - a                                                 # compiled again, as in the Python path
+    assert events.total("recompile")[0] == n + 1
+
+
+def test_a_device_op_inside_a_program_is_reentrant():
+    """The depth both paths raise is one counter: a device op called while a program runs on
+    this thread falls back with the ``reentrant`` reason."""
+    a = torch.randn(4, 64).to(H).to(D)
+    a + a
+    depth = _C.enter_program()
+    try:
+        before = events.snapshot()["cpu_fallback_reason"].get("reentrant", [0, 0])[0]
+        r = a + a
+    finally:
+        _C.leave_program(depth)
+    assert events.snapshot()["cpu_fallback_reason"]["reentrant"][0] == before + 1
+    assert torch.equal(r.cpu(), a.cpu() + a.cpu())
+
+
+def test_the_scans_deferred_copy_keeps_every_read_and_write_right():
+    """The NaN/Inf scan of a device-latest operand records its d2h and leaves the storage
+    host-readable (Synced) as before; the copy itself waits for a host reader. Reads, partial
+    host writes and device writes after it all see the right bytes, and nothing more is
+    recorded."""
+    from torch_rbln.runtime.storage import SYNCED, state_of
+    a = torch.randn(4, 64).to(H).to(D)
+    ref = a.cpu() * 2
+    for _ in range(2):
+        x = a * 2                                      # device-latest
+        d2h = events.total("d2h")
+        y = x + 1                                      # the scan reads x: one d2h recorded
+        assert events.total("d2h") == (d2h[0] + 1, d2h[1] + x.numel() * 2)
+        assert state_of(x).residency == SYNCED
+        assert torch.equal(x.cpu(), ref)               # the host view is right, nothing new
+        assert events.total("d2h") == (d2h[0] + 1, d2h[1] + x.numel() * 2)
+        assert torch.equal(y.cpu(), ref + 1)
+    z = a * 2
+    z + 1                                              # scanned, host copy deferred
+    z[0, :3] = 7.0                                     # a partial host write keeps the rest
+    expect = ref.clone()
+    expect[0, :3] = 7.0
+    assert torch.equal(z.cpu(), expect)
+    w = a * 2
+    w + 1
+    torch.mul(w, 0, out=w)                             # a device write after the scan
+    assert torch.equal(w.cpu(), torch.zeros(4, 64, dtype=H))

@@ -1,0 +1,725 @@
+// The warm path of an eager device op: a program-cache hit runs without Python.
+//
+// Each device op whose program computes its functional aten twin (the table's "direct" form, or
+// the widened matmul form) gets this boxed kernel on PrivateUse1; its Python kernel
+// (torch_rbln/dispatch/device_op.py, the reference) moves to PrivateUse2, reached by a
+// redispatch. On a call the kernel:
+//   1. takes the Python path for anything with a decision to explain or report: a listener on
+//      the event stream, a failed pre-dispatch check, a key it has not seen run as a device
+//      program (cold compile, compile error), a NaN/Inf operand, an unusual argument;
+//   2. otherwise does what the Python path does on a cache hit, in the same order and with the
+//      same events: `dispatch`, the NaN/Inf scan (d2h of device-latest operands), `warm_hit`,
+//      the operands' device reads (h2d of host-latest ones), the program on device aliases,
+//      and the result delivered over an adopted block (or into `out`).
+// Python decides everything first: a key enters this kernel's cache only after the Python path
+// ran a device program for it (and each key here determines the Python key), and dropping the
+// program cache drops these too. So every event and count is the Python path's.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "Events.h"
+#include "Storage.h"
+
+namespace py = pybind11;
+
+namespace torch_rbln {
+
+namespace {
+
+enum class Mode : int8_t { Out = 0, Inplace = 1, Functional = 2 };
+// Direct: the functional op on device aliases; Matmul: the same, with fp32 operands and one
+// rounding for the dtypes this CPU has no native GEMM for (executors.matmul)
+enum class Form : int8_t { Direct = 0, Matmul = 1 };
+
+// ------------------------------------------------------------------------------------------
+// process-wide switches and the state shared with the Python path
+
+std::atomic<bool> enabled{true};
+std::atomic<int64_t> generation{0};  // bumped whenever the program cache is dropped
+std::atomic<int64_t> served{0};      // calls the warm path ran itself (tests read it)
+
+// the dtypes of the eager dispatch catalog and of the strict set (rules.configure), and the
+// half-precision dtypes whose matmuls are widened (executors.matmul_precision)
+std::vector<c10::ScalarType> dispatch_dtypes, strict_dtypes, widened_dtypes;
+int64_t widen_min_rows = 0;  // fewer rows keep the half-precision kernel (executors.widens)
+
+// device programs running on this thread (the `reentrant` rule); both paths raise it
+thread_local int program_depth = 0;
+
+// The call this thread's kernel handed to the Python path: the Python path marks it when it
+// runs a device program (enter_program), so the key can be cached here.
+struct Ticket {
+  bool ran = false;
+};
+thread_local Ticket* pending = nullptr;
+
+py::object* python_deliver = nullptr;  // results.deliver_device, for unusual out= deliveries
+
+bool contains(const std::vector<c10::ScalarType>& v, c10::ScalarType d) {
+  for (auto x : v) {
+    if (x == d) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// sys.gettrace() of this thread is set. Read without the GIL: only this thread sets its own
+// trace function, and it is running this kernel.
+bool tracing() {
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  return ts != nullptr && ts->c_traceobj != nullptr;
+}
+
+// TORCH_RBLN_DEPLOY now: 1 on ("ON"), 0 off (unset, "", "OFF"), -1 a bad value (Python raises)
+int deploy() {
+  const char* raw = std::getenv("TORCH_RBLN_DEPLOY");
+  if (raw == nullptr || raw[0] == '\0' || std::strcmp(raw, "OFF") == 0) {
+    return 0;
+  }
+  return std::strcmp(raw, "ON") == 0 ? 1 : -1;
+}
+
+// TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK names checks to skip (the Python path warns and skips)
+bool checks_disabled() {
+  const char* raw = std::getenv("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK");
+  return raw != nullptr && raw[0] != '\0';
+}
+
+// layout.spans_storage: offset 0, exactly `nbytes` bytes, each once (contiguous or dense)
+bool spans(const at::Tensor& t, int64_t nbytes) {
+  if (t.storage_offset() != 0) {
+    return false;
+  }
+  if (t.numel() * static_cast<int64_t>(t.itemsize()) != nbytes) {
+    return false;
+  }
+  if (t.is_contiguous()) {
+    return true;
+  }
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size != 1
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (t.size(i) != 1) {
+      dims.emplace_back(t.stride(i), t.size(i));
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t need = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != need) {
+      return false;
+    }
+    need *= size;
+  }
+  return true;
+}
+
+bool spans_own_storage(const at::Tensor& t) {
+  return spans(t, static_cast<int64_t>(t.storage().nbytes()));
+}
+
+// rules.has_nonfinite for an rbln operand (the dtypes the scan sums in)
+std::optional<c10::ScalarType> scan_accumulator(c10::ScalarType d) {
+  switch (d) {
+    case at::kHalf:
+      return at::kFloat;
+    case at::kBFloat16:
+    case at::kFloat:
+    case at::kDouble:
+      return at::kDouble;
+    default:
+      return std::nullopt;
+  }
+}
+
+// the value of a wrapped scalar (a CPU 0-dim tensor) is finite; read in place, no dispatch
+bool finite_scalar(const at::Tensor& t) {
+  const void* p = t.const_data_ptr();
+  switch (t.scalar_type()) {
+    case at::kHalf:
+      return std::isfinite(static_cast<float>(*static_cast<const c10::Half*>(p)));
+    case at::kBFloat16:
+      return std::isfinite(static_cast<float>(*static_cast<const c10::BFloat16*>(p)));
+    case at::kFloat:
+      return std::isfinite(*static_cast<const float*>(p));
+    case at::kDouble:
+      return std::isfinite(*static_cast<const double*>(p));
+    default:
+      return !t.is_floating_point();  // other floating types: checked by the Python path
+  }
+}
+
+}  // namespace
+
+// rules.has_nonfinite of an rbln tensor: one sum in a dtype that cannot overflow. The host
+// read's d2h is recorded as the scan's, but the bytes are read where they are: the copy waits
+// for a real host reader (most device-latest operands never get one).
+bool has_nonfinite(const at::Tensor& t) {
+  const auto acc = scan_accumulator(t.scalar_type());
+  if (!acc) {
+    return false;
+  }
+  StorageState* s = state_of(t);
+  if (s->finite_dtype == t.scalar_type()) {
+    return false;
+  }
+  const bool device_side = s->host_read_deferred();
+  const bool whole = spans(t, s->nbytes);
+  at::Tensor h = whole ? (device_side ? s->device_bytes().view(t.scalar_type())
+                                      : s->host_flat(t.scalar_type()))
+                       : (device_side ? s->device_alias(t) : s->host_alias(t));
+  const bool bad = !std::isfinite(at::sum(h, *acc).item<double>());
+  if (whole && !bad) {
+    s->finite_dtype = t.scalar_type();
+  }
+  return bad;
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// the cache key: everything the Python key is made of (and more: strides, the out tensor), so
+// one key here always means one key there
+
+enum Tag : int64_t {
+  kNone = 1, kBool, kInt, kDouble, kString, kIntList, kDevice, kDeviceTensor, kScalarTensor,
+};
+
+bool key_of_tensor(const at::Tensor& t, std::vector<const c10::TensorImpl*>& seen,
+                   std::vector<int64_t>& key) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  int64_t first = static_cast<int64_t>(seen.size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i] == impl) {
+      first = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  if (first == static_cast<int64_t>(seen.size())) {
+    seen.push_back(impl);
+  }
+  if (t.is_cpu() && t.dim() == 0) {  // a wrapped Python scalar: its value is baked in
+    if (t.is_complex()) {
+      return false;
+    }
+    if (!finite_scalar(t)) {
+      return false;  // NaN never equals itself: the Python key never hits, every call compiles
+    }
+    int64_t bits = 0;
+    std::memcpy(&bits, t.const_data_ptr(), std::min<size_t>(t.itemsize(), sizeof(bits)));
+    key.insert(key.end(), {kScalarTensor, static_cast<int64_t>(t.scalar_type()), bits, first});
+    return true;
+  }
+  key.insert(key.end(), {kDeviceTensor, static_cast<int64_t>(t.scalar_type()), t.dim(), first});
+  key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+  key.insert(key.end(), t.strides().begin(), t.strides().end());
+  return true;
+}
+
+bool key_of(const c10::IValue& v, std::vector<const c10::TensorImpl*>& seen,
+            std::vector<int64_t>& key) {
+  if (v.isTensor()) {
+    return key_of_tensor(v.toTensor(), seen, key);
+  }
+  if (v.isNone()) {
+    key.push_back(kNone);
+  } else if (v.isBool()) {
+    key.insert(key.end(), {kBool, v.toBool()});
+  } else if (v.isInt()) {
+    key.insert(key.end(), {kInt, v.toInt()});
+  } else if (v.isDouble()) {
+    double d = v.toDouble();
+    if (std::isnan(d)) {
+      return false;  // as a NaN scalar operand: a fresh Python float never matches its key
+    }
+    int64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof(bits));
+    key.insert(key.end(), {kDouble, bits});
+  } else if (v.isString()) {
+    const auto& s = v.toStringRef();
+    key.insert(key.end(), {kString, static_cast<int64_t>(s.size())});
+    for (char c : s) {
+      key.push_back(c);
+    }
+  } else if (v.isIntList()) {
+    auto l = v.toIntList();
+    key.insert(key.end(), {kIntList, static_cast<int64_t>(l.size())});
+    for (int64_t x : l) {
+      key.push_back(x);
+    }
+  } else if (v.isDevice()) {
+    auto d = v.toDevice();
+    key.insert(key.end(), {kDevice, static_cast<int64_t>(d.type()), d.index()});
+  } else {
+    return false;  // lists of tensors, generators, complex scalars...: the Python path
+  }
+  return true;
+}
+
+uint64_t hash_key(const std::vector<int64_t>& key) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t x : key) {
+    h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  }
+  return h;
+}
+
+// ------------------------------------------------------------------------------------------
+// the kernel
+
+struct Program {
+  std::vector<int64_t> key;
+  int64_t generation;
+  std::vector<int64_t> out_sizes;   // out= / in-place: the result's shape
+};
+
+// what one call needs to know before it runs
+struct Call {
+  c10::DeviceIndex index = 0;
+  c10::ScalarType dtype = at::kHalf;  // the operands' dtype (a widened matmul rounds to it)
+  int deploy = 0;
+};
+
+class WarmKernel final : public c10::OperatorKernel {
+ public:
+  WarmKernel(const std::string& op_name, c10::OperatorHandle fn, Mode mode, int out_arg,
+             std::vector<int> slots, std::vector<int> skip_dtype, bool align64, Form form,
+             std::vector<int> fn_args, int left, bool batched)
+      : fn_(std::move(fn)), mode_(mode), out_arg_(out_arg), slots_(std::move(slots)),
+        skip_dtype_(std::move(skip_dtype)), align64_(align64), form_(form),
+        fn_args_(std::move(fn_args)), left_(left), batched_(batched),
+        dispatch_(events::counter("dispatch", op_name)),
+        warm_hit_(events::counter("warm_hit", op_name)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const size_t n = schema.arguments().size();
+    c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
+    std::vector<int64_t> key;
+    Call call;
+    if (!enabled.load(std::memory_order_relaxed) || !admissible(schema, args, key, call)) {
+      python_path(op, stack, {});
+      return;
+    }
+    std::vector<int64_t> out_sizes;
+    if (!lookup(key, out_sizes)) {
+      python_path(op, stack, std::move(key));
+      return;
+    }
+    if (mode_ != Mode::Functional && args[out_arg_].toTensor().sizes() != out_sizes) {
+      python_path(op, stack, {});   // the out= tensor is resized (and warned about)
+      return;
+    }
+    // the NaN/Inf scan; a non-finite operand is the Python path's to report (redoing the scan
+    // there records nothing new: the data is host-readable now, finite storages are marked)
+    if (call.deploy == 0) {
+      for (int i : slots_) {
+        if (i >= static_cast<int>(n) || !args[i].isTensor()) {
+          continue;
+        }
+        const auto& t = args[i].toTensor();
+        if (t.is_privateuseone() && has_nonfinite(t)) {
+          python_path(op, stack, {});
+          return;
+        }
+      }
+    }
+    events::record(dispatch_);
+    events::record(warm_hit_);
+    served.fetch_add(1, std::memory_order_relaxed);
+    run(schema, stack, n, call);
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cache_.clear();
+  }
+
+ private:
+  // May this call take the warm path (before the key lookup)? Fills `key`. Every failed check
+  // here is the Python path's to decide (and report).
+  bool admissible(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                  std::vector<int64_t>& key, Call& call) {
+    if (events::detail::listening.load(std::memory_order_relaxed) || checks_disabled() ||
+        program_depth > 0 || c10::impl::TorchDispatchModeTLS::stack_len() > 0 || tracing()) {
+      return false;
+    }
+    const int dep = deploy();
+    if (dep < 0) {
+      return false;
+    }
+    // the operands (rules.classify): rbln tensors, wrapped scalars
+    std::optional<c10::DeviceIndex> index;
+    std::optional<c10::ScalarType> d0;
+    bool scalar_only = true;
+    for (int i : slots_) {
+      if (i >= static_cast<int>(args.size()) || !args[i].isTensor()) {
+        continue;
+      }
+      const auto& t = args[i].toTensor();
+      if (!t.defined()) {
+        continue;
+      }
+      if (t.key_set().has(c10::DispatchKey::Python)) {
+        return false;
+      }
+      const bool skip = std::find(skip_dtype_.begin(), skip_dtype_.end(), i) != skip_dtype_.end();
+      if (t.is_privateuseone()) {
+        const auto d = t.device().index();
+        if (index && *index != d) {
+          return false;  // mixed devices: the Python path raises
+        }
+        index = d;
+        if (t.dim() != 0) {
+          scalar_only = false;
+          if (align64_ && t.size(-1) % 64 != 0 && !contains(strict_dtypes, t.scalar_type())) {
+            return false;
+          }
+        }
+        if (t.storage_offset() != 0 && t.is_contiguous()) {
+          return false;
+        }
+      } else if (t.is_cpu() && t.dim() == 0) {
+        if (dep == 0 && !finite_scalar(t)) {
+          return false;
+        }
+        continue;
+      } else {
+        return false;  // a host or meta operand with elements
+      }
+      if (t.numel() == 0) {
+        return false;
+      }
+      if (!skip) {
+        if (!d0) {
+          d0 = t.scalar_type();
+          if (!contains(dispatch_dtypes, *d0)) {
+            return false;
+          }
+        } else if (t.scalar_type() != *d0) {
+          return false;
+        }
+      }
+    }
+    if (!index || scalar_only) {
+      return false;
+    }
+    call.index = *index;
+    call.dtype = d0.value_or(at::kHalf);
+    call.deploy = dep;
+    // Python floats among the positional arguments (the NaN/Inf rule), and the key
+    std::vector<const c10::TensorImpl*> seen;
+    key.reserve(48);
+    key.push_back(*index);
+    for (size_t i = 0; i < args.size(); ++i) {
+      const auto& v = args[i];
+      const auto& a = schema.arguments()[i];
+      if (v.isTensor() && static_cast<int>(i) != out_arg_) {
+        const auto& t = v.toTensor();
+        if (t.defined() && !t.is_privateuseone() && !(t.is_cpu() && t.dim() == 0)) {
+          return false;
+        }
+        if (t.defined() && t.is_privateuseone() && a.kwarg_only()) {
+          return false;
+        }
+        if (t.defined() && t.key_set().has(c10::DispatchKey::Python)) {
+          return false;
+        }
+      }
+      if (dep == 0 && !a.kwarg_only() && v.isDouble() && !std::isfinite(v.toDouble())) {
+        return false;
+      }
+      if (v.isTensor() && !v.toTensor().defined()) {
+        key.push_back(kNone);
+      } else if (!key_of(v, seen, key)) {
+        return false;
+      }
+    }
+    if (mode_ != Mode::Functional) {
+      const auto& out = args[out_arg_].toTensor();
+      if (!out.is_privateuseone() || out.device().index() != *index) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool lookup(const std::vector<int64_t>& key, std::vector<int64_t>& out_sizes) {
+    const int64_t gen = generation.load(std::memory_order_acquire);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cache_.find(hash_key(key));
+    if (it == cache_.end()) {
+      return false;
+    }
+    for (const auto& p : it->second) {
+      if (p.key == key) {
+        if (p.generation != gen) {
+          return false;
+        }
+        out_sizes = p.out_sizes;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void remember(std::vector<int64_t> key, std::vector<int64_t> out_sizes, int64_t gen) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& bucket = cache_[hash_key(key)];
+    for (auto& p : bucket) {
+      if (p.key == key) {
+        p = Program{std::move(key), gen, std::move(out_sizes)};
+        return;
+      }
+    }
+    bucket.push_back(Program{std::move(key), gen, std::move(out_sizes)});
+  }
+
+  // The Python kernel (the reference) on PrivateUse2; a call that ran a device program there
+  // makes its key a hit here.
+  void python_path(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                   std::vector<int64_t> key) {
+    const int64_t gen = generation.load(std::memory_order_acquire);
+    std::optional<at::Tensor> out;
+    if (!key.empty() && mode_ != Mode::Functional) {
+      const size_t n = op.schema().arguments().size();
+      out = (*stack)[stack->size() - n + out_arg_].toTensor();
+    }
+    Ticket ticket;
+    Ticket* outer = pending;
+    pending = key.empty() ? nullptr : &ticket;
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+    } catch (...) {
+      pending = outer;
+      throw;
+    }
+    pending = outer;
+    if (ticket.ran) {
+      remember(std::move(key), out ? out->sizes().vec() : std::vector<int64_t>{}, gen);
+    }
+  }
+
+  // the device program on device aliases, and its result delivered (device_op.kernel)
+  void run(const c10::FunctionSchema& schema, torch::jit::Stack* stack, size_t n,
+           const Call& call) {
+    auto args = torch::jit::pop(*stack, n);
+    std::vector<at::Tensor> inputs(n);  // the program's operand aliases, per argument
+    for (size_t i = 0; i < n; ++i) {
+      const auto& v = args[i];
+      if (v.isTensor() && !schema.arguments()[i].kwarg_only()) {
+        const auto& t = v.toTensor();
+        if (t.defined() && t.is_privateuseone()) {
+          StorageState* s = state_of(t);
+          s->device_read();
+          inputs[i] = s->device_input_alias(t);
+        }
+      }
+    }
+    bool widen = form_ == Form::Matmul && contains(widened_dtypes, call.dtype);
+    if (widen) {  // rows of the left operand, per batch entry (executors.widens)
+      const int src = fn_args_[left_];
+      if (src >= 0 && inputs[src].defined() && inputs[src].dim() >= 2) {
+        const auto sizes = inputs[src].sizes();
+        int64_t rows = 1;
+        for (size_t d = 0; d + 1 < sizes.size(); ++d) {
+          rows *= sizes[d];
+        }
+        if (batched_) {
+          rows /= std::max<int64_t>(sizes[0], 1);
+        }
+        widen = rows >= widen_min_rows;
+      }
+    }
+    torch::jit::Stack fn_stack;
+    fn_stack.reserve(fn_args_.size());
+    const auto& fn_schema = fn_.schema();
+    for (size_t j = 0; j < fn_args_.size(); ++j) {
+      const int src = fn_args_[j];
+      if (src < 0) {
+        fn_stack.push_back(*fn_schema.arguments()[j].default_value());
+      } else if (inputs[src].defined()) {
+        at::Tensor a = inputs[src];
+        if (widen && (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16)) {
+          a = a.to(at::kFloat);
+        }
+        fn_stack.emplace_back(std::move(a));
+      } else {
+        fn_stack.push_back(args[src]);
+      }
+    }
+    {
+      Depth depth;
+      fn_.callBoxed(fn_stack);
+    }
+    at::Tensor result = fn_stack.back().toTensor();
+    if (widen && result.scalar_type() != call.dtype) {
+      result = result.to(call.dtype);
+    }
+    for (const auto& a : inputs) {
+      if (a.defined() && result.unsafeGetTensorImpl() == a.unsafeGetTensorImpl()) {
+        result = result.clone();  // an operand's device memory: the output needs its own
+        break;
+      }
+    }
+    if (mode_ == Mode::Functional) {
+      if (!spans_own_storage(result)) {
+        result = result.clone(at::MemoryFormat::Contiguous);
+      }
+      const int64_t nbytes = result.numel() * static_cast<int64_t>(result.itemsize());
+      stack->emplace_back(new_device_tensor(result, nbytes, call.index));
+      return;
+    }
+    const at::Tensor& out = args[out_arg_].toTensor();
+    if (out.sizes() != result.sizes()) {
+      py::gil_scoped_acquire gil;
+      (*python_deliver)(result, out, static_cast<int>(call.index));
+    } else {
+      StorageState* s = state_of(out);
+      const bool whole = spans(out, s->nbytes);
+      if (whole && result.scalar_type() == out.scalar_type() && result.strides() == out.strides() &&
+          spans_own_storage(result)) {
+        s->adopt_device(result);
+      } else {
+        s->device_write(whole);
+        s->device_alias(out).copy_(result);
+      }
+    }
+    stack->emplace_back(out);
+  }
+
+  struct Depth {
+    Depth() { ++program_depth; }
+    ~Depth() { --program_depth; }
+  };
+
+  c10::OperatorHandle fn_;
+  Mode mode_;
+  int out_arg_;
+  std::vector<int> slots_, skip_dtype_;
+  bool align64_;
+  Form form_;
+  std::vector<int> fn_args_;  // per argument of fn: the registered op's argument, or -1
+  int left_;                  // a matmul's left operand among fn's arguments
+  bool batched_;              // ... and its first dimension is the batch (bmm)
+  events::Counter* dispatch_;
+  events::Counter* warm_hit_;
+  std::mutex mutex_;
+  std::unordered_map<uint64_t, std::vector<Program>> cache_;
+};
+
+std::vector<WarmKernel*>& kernels() {
+  static auto* k = new std::vector<WarmKernel*>();
+  return *k;
+}
+
+torch::Library& library() {
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                        c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  return *lib;
+}
+
+c10::OperatorHandle find_op(const std::string& name) {
+  auto dot = name.find('.');
+  std::string base = "aten::" + name.substr(0, dot);
+  std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+  if (overload == "default") {
+    overload = "";
+  }
+  return c10::Dispatcher::singleton().findSchemaOrThrow(base.c_str(), overload.c_str());
+}
+
+}  // namespace
+
+void bind_warm_path(py::module_& m) {
+  m.def("warm_register",
+        [](const std::string& name, const std::string& op_name, const std::string& fn_name,
+           int mode, std::vector<int> slots, std::vector<int> skip_dtype, bool align64,
+           int form, int left, bool batched) {
+          auto op = find_op(name);
+          auto fn = find_op(fn_name);
+          const auto& args = op.schema().arguments();
+          TORCH_CHECK(op.schema().returns().size() == 1 && fn.schema().returns().size() == 1,
+                      name, ": the warm path serves ops with one result");
+          int out_arg = -1;
+          if (static_cast<Mode>(mode) == Mode::Out) {
+            for (size_t i = 0; i < args.size(); ++i) {
+              if (args[i].kwarg_only() && args[i].alias_info() && args[i].alias_info()->isWrite()) {
+                out_arg = static_cast<int>(i);
+              }
+            }
+            TORCH_CHECK(out_arg >= 0, name, ": no out= argument");
+          } else if (static_cast<Mode>(mode) == Mode::Inplace) {
+            out_arg = 0;
+          }
+          std::vector<int> fn_args;
+          for (const auto& fa : fn.schema().arguments()) {
+            int src = -1;
+            for (size_t i = 0; i < args.size(); ++i) {
+              const bool is_out = static_cast<Mode>(mode) == Mode::Out && static_cast<int>(i) == out_arg;
+              if (args[i].name() == fa.name() && !is_out) {
+                src = static_cast<int>(i);
+              }
+            }
+            TORCH_CHECK(src >= 0 || fa.default_value(), name, ": ", fn_name, "'s argument ",
+                        fa.name(), " has no source");
+            fn_args.push_back(src);
+          }
+          auto kernel = std::make_unique<WarmKernel>(op_name, fn, static_cast<Mode>(mode), out_arg,
+                                                     std::move(slots), std::move(skip_dtype),
+                                                     align64, static_cast<Form>(form),
+                                                     std::move(fn_args), left, batched);
+          kernels().push_back(kernel.get());
+          library().impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+        },
+        "Serve the device op `name` from the native warm path; its Python kernel must be "
+        "registered on PrivateUse2.");
+  m.def("warm_configure",
+        [](std::vector<c10::ScalarType> dispatch, std::vector<c10::ScalarType> strict,
+           std::vector<c10::ScalarType> widened, int64_t min_rows, py::object deliver) {
+          dispatch_dtypes = std::move(dispatch);
+          strict_dtypes = std::move(strict);
+          widened_dtypes = std::move(widened);
+          widen_min_rows = min_rows;
+          if (python_deliver == nullptr) {
+            python_deliver = new py::object();  // never freed: kernels may call it until exit
+          }
+          *python_deliver = std::move(deliver);
+        });
+  m.def("warm_clear", []() {
+    generation.fetch_add(1, std::memory_order_acq_rel);
+    for (auto* k : kernels()) {
+      k->clear();
+    }
+  }, "Drop the warm path's programs (the program cache was dropped).");
+  m.def("set_warm_path", [](bool on) { enabled.store(on); },
+        "Take the warm path on cache hits (True) or always the Python path (False).");
+  m.def("warm_path_enabled", []() { return enabled.load(); });
+  m.def("warm_path_served", []() { return served.load(); },
+        "Calls the warm path ran itself since the process started.");
+  m.def("has_nonfinite", &has_nonfinite,
+        "The NaN/Inf scan of an rbln tensor (rules.has_nonfinite; marks a finite storage).");
+  m.def("enter_program", []() {
+    if (pending != nullptr) {
+      pending->ran = true;
+      pending = nullptr;
+    }
+    return program_depth++;
+  }, "A device program starts on this thread; returns the depth before it.");
+  m.def("leave_program", [](int depth) { program_depth = depth; });
+  m.def("program_depth", []() { return program_depth; });
+}
+
+}  // namespace torch_rbln
