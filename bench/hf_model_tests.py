@@ -99,6 +99,7 @@ def run_pytest(work: Path, targets: list[str], device: str, report: Path, args) 
     else:
         from torch_rbln import hf_device_spec
         env[hf_device_spec.ENV] = hf_device_spec.FILE_NAME
+        env["TORCH_RBLN_VIRTUAL_NPUS"] = str(args.npus)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
            f"--junitxml={report}", *targets]
     if args.k:
@@ -147,6 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("-k", default=None, help="pytest -k expression (a subset of the tests)")
     ap.add_argument("--timeout", type=int, default=900, help="per-test limit in seconds (0: none)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch dir (JUnit reports)")
+    ap.add_argument("--npus", type=int, default=2,
+                    help="NPUs of the virtual host the rbln run sees (the multi-process tests, "
+                         "e.g. FSDP, need one per worker; the CPU run gets one per core)")
     args = ap.parse_args(argv)
 
     import torch
@@ -156,7 +160,8 @@ def main(argv=None) -> int:
     work = scratch_dir(tree)
     print(f"# Hugging Face model tests, rbln vs CPU: transformers {transformers.__version__}, "
           f"torch {torch.__version__}, tree {tree}")
-    print(f"# CPU: {_cpu_name()}, {os.cpu_count()} cores; the CPU run does not load the rbln backend")
+    print(f"# CPU: {_cpu_name()}, {os.cpu_count()} cores; the CPU run does not load the rbln backend; "
+          f"the rbln run sees a virtual host of {args.npus} NPU(s)")
     rows, bad = [], 0
     for model in args.models:
         target = test_file(tree, model)

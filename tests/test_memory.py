@@ -161,3 +161,20 @@ def test_leak_loop_returns_to_baseline():
     gc.collect()
     assert torch.rbln.memory_allocated() == base_alloc
     assert proc.memory_info().rss - rss < 50 << 20
+
+
+def test_storage_resize_keeps_bytes_and_frees_memory():
+    """``UntypedStorage.resize_`` (FSDP frees and regrows parameters this way) as on the CPU:
+    the kept bytes survive from the latest side, tensors see the new memory, 0 frees it."""
+    y = torch.arange(128, dtype=torch.float16).to("rbln") + 1   # device-latest
+    st = y.untyped_storage()
+    st.resize_(128)                                            # keep the first 64 elements
+    kept = torch.empty(0, dtype=torch.float16, device="rbln").set_(st, 0, (64,))
+    torch.testing.assert_close((kept * 1).cpu(), torch.arange(64, dtype=torch.float16) + 1)
+    del y
+    used = torch.rbln.memory_allocated()           # kept's device block, pushed by kept * 1
+    st.resize_(0)
+    assert st.nbytes() == 0 and torch.rbln.memory_allocated() < used
+    st.resize_(128)
+    kept.set_(st, 0, (64,)).copy_(torch.full((64,), 3.0, dtype=torch.float16))
+    torch.testing.assert_close((kept * 2).cpu(), torch.full((64,), 6.0, dtype=torch.float16))

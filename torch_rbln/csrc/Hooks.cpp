@@ -3,11 +3,16 @@
 // "You should register PrivateUse1HooksInterface" from torch.Generator(device="rbln"),
 // pin_memory(), is_pinned() and DataLoader(pin_memory=True).
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/DeviceGuard.h>
 #include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstring>
 
 #include "Generator.h"
 #include "Guard.h"
 #include "PinnedAllocator.h"
+#include "Storage.h"
 
 namespace torch_rbln {
 namespace {
@@ -51,9 +56,23 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
     return at::Device(c10::DeviceType::PrivateUse1, current_device());
   }
 
-  void resizePrivateUse1Bytes(const c10::Storage&, size_t) const override {
-    TORCH_CHECK(false, "an rbln storage cannot be resized in place (UntypedStorage.resize_); "
-                "resize the tensor instead (Tensor.resize_), or make a new storage and copy");
+  // UntypedStorage.resize_ (FSDP frees and regrows its unsharded parameters this way), as the
+  // CPU's resize_bytes does: new memory from the allocator on the storage's device, the kept
+  // bytes copied from the latest side (a device-latest storage records its d2h), the old
+  // memory and its device block freed; tensors over the storage see the new memory
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+    c10::DeviceGuard guard(storage.device());
+    c10::DataPtr fresh = impl->allocator()->allocate(newsize);
+    const size_t keep = std::min(impl->nbytes(), newsize);
+    if (keep > 0) {
+      StorageState* old = state_of(storage);
+      old->host_read();
+      std::memcpy(fresh.get(), old->host, keep);
+    }
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(newsize);
   }
 };
 
