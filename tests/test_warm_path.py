@@ -10,6 +10,7 @@ every event and count (and every byte amount), and the arena's statistics must b
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import random
 
@@ -109,6 +110,7 @@ def _run(seed: int, steps: int, on: bool):
     pool = [torch.randn(8, 64).to(H).to(D) for _ in range(4)]
     ops = _ops(rng)
     results = []
+    gc.collect()                    # garbage of earlier tests is freed before, not during, the run
     mem0 = torch.rbln.memory_stats()
     ev0 = events.snapshot()
     try:
@@ -123,6 +125,7 @@ def _run(seed: int, steps: int, on: bool):
     finally:
         os.environ.pop("TORCH_RBLN_DEPLOY", None)
     ev1 = events.snapshot()
+    gc.collect()                    # only what the run itself still holds stays allocated
     mem1 = torch.rbln.memory_stats()
     delta = {}
     for kind, table in ev1.items():
