@@ -111,6 +111,7 @@ def _run(seed: int, steps: int, on: bool):
     ops = _ops(rng)
     results = []
     gc.collect()                    # garbage of earlier tests is freed before, not during, the run
+    torch.rbln.synchronize()
     mem0 = torch.rbln.memory_stats()
     ev0 = events.snapshot()
     try:
@@ -126,6 +127,7 @@ def _run(seed: int, steps: int, on: bool):
         os.environ.pop("TORCH_RBLN_DEPLOY", None)
     ev1 = events.snapshot()
     gc.collect()                    # only what the run itself still holds stays allocated
+    torch.rbln.synchronize()
     mem1 = torch.rbln.memory_stats()
     delta = {}
     for kind, table in ev1.items():
