@@ -4,8 +4,8 @@ with VLLM_TARGET_DEVICE=cpu): several engines one after another, all cases of ea
     python vllm_offline_job.py SPEC.json OUT.json
 
 SPEC: {"engines": [{"name", "model", "eager", "explain_decode", "runner_info"}], "cases":
-[[batch, prompt_len]], "max_tokens", "vocab"}. OUT: {engine name: {"B x L": [[token ids] per
-prompt]}, "<engine>.explain": report, "<engine>.runner": streams, events, generators}.
+[[batch, prompt_len]], "max_tokens", "vocab"}. OUT: {engine name: {"B x L": [{"tokens": [ids],
+"top": [{id: log-probability}] per step} per prompt]}, "<engine>.explain": report, "<engine>.runner": streams, events, generators}.
 """
 
 from __future__ import annotations
@@ -14,6 +14,15 @@ import gc
 import json
 import random
 import sys
+
+
+TOP_LOGPROBS = 5
+
+
+def sequence(out) -> dict:
+    """{"tokens": [id], "top": [{id: log-probability} per step]} of one vLLM completion."""
+    return {"tokens": list(out.token_ids),
+            "top": [{t: lp.logprob for t, lp in step.items()} for step in out.logprobs]}
 
 
 def prompts(batch: int, length: int, vocab: int) -> list[list[int]]:
@@ -28,7 +37,10 @@ def main(spec_path: str, out_path: str) -> None:
     from vllm.platforms import current_platform as platform
 
     spec = json.load(open(spec_path))
-    sp = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    # greedy, with each step's top-5 log-probabilities: a near-tie between the two best tokens
+    # may fall either way on two devices, and the test tells such a tie from a wrong answer
+    sp = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
+                        logprobs=TOP_LOGPROBS)
     out = {"platform": [type(platform).__name__, platform.device_type, platform.dispatch_key]}
     for e in spec["engines"]:
         llm = LLM(model=e["model"], dtype="float16", max_model_len=512, seed=0,
@@ -38,7 +50,7 @@ def main(spec_path: str, out_path: str) -> None:
             got = llm.generate([{"prompt_token_ids": p}
                                 for p in prompts(batch, length, spec["vocab"])], sp,
                                use_tqdm=False)
-            res[f"{batch}x{length}"] = [list(o.outputs[0].token_ids) for o in got]
+            res[f"{batch}x{length}"] = [sequence(o.outputs[0]) for o in got]
         if e.get("runner_info"):
             out[e["name"] + ".runner"] = runner_info(llm, spec)
         if e.get("explain_decode") and hasattr(torch, "rbln"):
