@@ -84,6 +84,30 @@ def test_plugin_entry_point_needs_no_vllm_import():
     assert r.stdout.split() == ["torch_rbln.vllm_plugin.platform.RblnPlatform", "False"]
 
 
+def test_greedy_comparison_takes_near_ties_and_refuses_wrong_answers():
+    # the rule itself, on made-up sequences (no vLLM needed)
+    def seq(tokens, tops):
+        return {"tokens": tokens, "top": [{str(k): v for k, v in t.items()} for t in tops]}
+
+    steps = MAX_TOKENS - 2
+    want = seq([7, 3] + [1] * steps, [{7: -0.5, 3: -2.0}, {3: -0.776, 9: -0.776}] +
+               [{1: -0.1}] * steps)
+    same = seq([7, 3] + [1] * steps, [{7: -0.52, 3: -2.0}, {3: -0.77, 9: -0.78}] +
+               [{1: -0.11}] * steps)
+    tie = seq([7, 9] + [2] * steps, [{7: -0.5, 3: -2.0}, {9: -0.769, 3: -0.785}] +
+              [{2: -0.3}] * steps)                     # the tie broken the other way: accepted
+    assert_greedy_agrees([same, tie], [want, want])
+    wrong = seq([7, 4] + [1] * steps, [{7: -0.5}, {4: -0.2, 3: -1.5}] + [{1: -0.1}] * steps)
+    with pytest.raises(AssertionError, match="not a near-tie"):
+        assert_greedy_agrees([wrong], [want])            # 4 is not in the CPU's top tokens
+    far = seq([7, 9] + [1] * steps, [{7: -0.5}, {9: -0.3, 3: -1.2}] + [{1: -0.1}] * steps)
+    with pytest.raises(AssertionError, match="not a near-tie"):
+        assert_greedy_agrees([far], [want])              # 3 is far below rbln's pick
+    drift = seq([7, 3] + [1] * steps, [{7: -0.9}, {3: -0.776}] + [{1: -0.1}] * steps)
+    with pytest.raises(AssertionError, match="sequence 0, step 0"):
+        assert_greedy_agrees([drift], [want])            # equal token, log-probability moved
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     sys.path.insert(0, str(EXAMPLES))
