@@ -4,8 +4,9 @@ with VLLM_TARGET_DEVICE=cpu): several engines one after another, all cases of ea
     python vllm_offline_job.py SPEC.json OUT.json
 
 SPEC: {"engines": [{"name", "model", "eager", "explain_decode", "runner_info"}], "cases":
-[[batch, prompt_len]], "max_tokens", "vocab"}. OUT: {engine name: {"B x L": [{"tokens": [ids],
-"top": [{id: log-probability}] per step} per prompt]}, "<engine>.explain": report, "<engine>.runner": streams, events, generators}.
+[[batch, prompt_len]], "max_tokens", "top_logprobs", "vocab"}. OUT: {engine name: {"B x L":
+[{"tokens": [ids], "top": [{id: log-probability}] per step} per prompt]}, "<engine>.explain":
+report, "<engine>.runner": streams, events, generators}.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ import gc
 import json
 import random
 import sys
-
-
-TOP_LOGPROBS = 5
 
 
 def sequence(out) -> dict:
@@ -37,10 +35,10 @@ def main(spec_path: str, out_path: str) -> None:
     from vllm.platforms import current_platform as platform
 
     spec = json.load(open(spec_path))
-    # greedy, with each step's top-5 log-probabilities: a near-tie between the two best tokens
+    # greedy, with each step's top log-probabilities: a near-tie between the two best tokens
     # may fall either way on two devices, and the test tells such a tie from a wrong answer
     sp = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
-                        logprobs=TOP_LOGPROBS)
+                        logprobs=spec["top_logprobs"])
     out = {"platform": [type(platform).__name__, platform.device_type, platform.dispatch_key]}
     for e in spec["engines"]:
         llm = LLM(model=e["model"], dtype="float16", max_model_len=512, seed=0,
