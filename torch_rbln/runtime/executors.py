@@ -26,12 +26,12 @@ from functools import lru_cache
 
 import torch
 
-_LOW = HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)
 _f32 = torch.float32
 
 
 def _widen(x):
-    if isinstance(x, torch.Tensor) and x.dtype in _LOW:
+    if isinstance(x, torch.Tensor) and x.dtype in HALF:
         return x.to(_f32)
     if isinstance(x, (list, tuple)):
         return type(x)(_widen(v) for v in x)
