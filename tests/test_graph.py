@@ -117,7 +117,7 @@ def test_op_without_device_kernel_reported_as_cpu_fallback():
     assert _delta(before, "d2h") and _delta(before, "h2d")
 
 
-def test_graph_applies_eager_dtype_and_alignment_rules():
+def test_graph_keeps_eager_dtype_rule_and_pads_unaligned_last_dims():
     def f(x):
         return (x.float() * 2).half() + x, x[:, :32] * 3
 
@@ -128,11 +128,12 @@ def test_graph_applies_eager_dtype_and_alignment_rules():
         y, z = compiled(x.to("rbln"))
     torch.testing.assert_close(_cpu(y), x.float() * 3, **TOL)
     torch.testing.assert_close(_cpu(z), x[:, :32].float() * 3, **TOL)
-    assert sorted(programs[0].host_ops) == [("aten::mul.out", "dtype-not-fp16"),
-                                            ("aten::mul.out", "last-dim-not-64-aligned")]
-    assert _delta(before, "cpu_fallback") == {"aten::mul.out": 2}
-    assert _delta(before, "cpu_fallback_reason") == {"dtype-not-fp16": 1,
-                                                     "last-dim-not-64-aligned": 1}
+    # the compiler table has no dtype column: fp32 stays on the host, as in eager; the
+    # unaligned [16, 32] result is padded at the device partition's boundary instead
+    assert programs[0].host_ops == (("aten::mul.out", "dtype-not-fp16"),)
+    assert _delta(before, "cpu_fallback") == {"aten::mul.out": 1}
+    assert _delta(before, "cpu_fallback_reason") == {"dtype-not-fp16": 1}
+    assert [b for _, b in programs[0].padded] == [32 * 16 * 2]
 
 
 _lib = torch.library.Library("rbln_graph_test", "DEF")
@@ -299,6 +300,12 @@ def test_llama_forward_matches_eager_and_recompiles_once_per_new_length():
         compiled(torch.randint(0, 512, (1, 128)).to("rbln"), use_cache=False)
     recompiles = _delta(before, "recompile")
     assert recompiles == {"graph 0/1": 1}
+    # by the compiler's table: only the eager dtype rule (the fp32 RMSNorm and rotary chains,
+    # integer mask arithmetic) and ops without a row or kernel keep nodes on the host
+    p = programs[0]
+    assert {r for _, r in p.host_ops} == {"dtype-not-fp16", "no-device-kernel"}
+    assert ("aten::bitwise_and.Tensor", "torch.bitwise_and: supported, not accelerated") in \
+        p.in_program_ops
 
 
 @pytest.mark.slow
@@ -321,17 +328,19 @@ def test_llama_training_step_matches_eager():
 
 
 @pytest.mark.parametrize("n", [32, 64, 96, 128])
-def test_graph_last_dim_rule_at_its_boundary(n):
+def test_graph_last_dim_is_padded_at_the_partition_boundary(n):
     x = torch.randn(4, n, dtype=torch.float16)
-    compiled = torch.compile(lambda a: a * 3, backend="rbln", dynamic=False)
+    compiled = torch.compile(lambda a: a * 3 + a, backend="rbln", dynamic=False)
+    before = events.snapshot()
     with torch.rbln.capture_programs() as programs:
         y = compiled(x.to("rbln"))
-    torch.testing.assert_close(_cpu(y), x.float() * 3, **TOL)
-    if n % 64 == 0:
-        assert programs[0].device_partitions == 1 and programs[0].host_ops == ()
-    else:
-        assert programs[0].device_partitions == 0
-        assert programs[0].host_ops == (("aten::mul.out", "last-dim-not-64-aligned"),)
+    torch.testing.assert_close(_cpu(y), x.float() * 4, **TOL)
+    p = programs[0]
+    assert p.device_partitions == 1 and p.host_ops == () and p.host_partitions == 0
+    pad = (-n % 64) * 4 * 2 * 2          # the input and the result, fp16
+    assert p.padded == ((("device_0", pad),) if pad else ())
+    assert _delta(before, "graph_pad") == ({"graph 0/0 device_0": 1} if pad else {})
+    assert _delta(before, "cpu_fallback") == {}
 
 
 def test_graph_last_dim_rule_for_zero_dim_and_one_element_operands():
@@ -342,9 +351,11 @@ def test_graph_last_dim_rule_for_zero_dim_and_one_element_operands():
         y, z = compiled(x.to("rbln"), s.to("rbln"), one.to("rbln"))
     torch.testing.assert_close(_cpu(y), x.float() * 2, **TOL)
     torch.testing.assert_close(_cpu(z), one.float() * one.float(), **TOL)
-    # the 0-d operand has no last dimension: a * b is on the device; c * c is not
-    assert programs[0].device_partitions == 1
-    assert programs[0].host_ops == (("aten::mul.out", "last-dim-not-64-aligned"),)
+    # both on the device; only the one-element c (and c * c) is padded: a 0-d b has no last dim
+    assert programs[0].device_partitions == 1 and programs[0].host_ops == ()
+    assert programs[0].padded == (("device_0", 2 * 63 * 2),)
+
+
 def test_few_row_matmuls_keep_the_half_kernel_of_eager():
     """A decode-shaped Linear (2 rows, a large weight) in a graph gives eager's exact values:
     the half-precision kernel, not a per-call fp32 copy of the weight (which costs more than

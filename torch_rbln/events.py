@@ -32,6 +32,12 @@ kind                      key                        meaning
                                                      (bytes: its message size); where is ``device``
                                                      (the NPU moves device memory) or ``host``
                                                      (staged through host memory for gloo)
+``graph_node``            ``where\top\twhy``          nodes of a compiled graph that ran (amount:
+                                                     how many); where is ``device``,
+                                                     ``in-program`` (the program's host side),
+                                                     ``host`` or ``eager``
+``graph_pad``             graph partition            a device partition's unaligned last dims
+                                                     padded at its boundary (bytes of padding)
 ========================  =========================  ===============================================
 """
 
@@ -46,6 +52,7 @@ __all__ = ["record", "snapshot", "listen", "unlisten", "counters", "total", "KIN
 KINDS = (
     "dispatch", "warm_hit", "recompile", "cpu_fallback", "cpu_fallback_reason", "host_op",
     "bounce", "v2v_slow", "v2v_reject", "d2h", "h2d", "runtime", "collective",
+    "graph_node", "graph_pad",
 )
 
 # kind -> key -> [count, amount]; read as ``counters`` (module __getattr__), which folds in the

@@ -184,6 +184,9 @@ RULES: tuple[Rule, ...] = (
     Rule("div-rounding-fp16", _div_rounding, graph=True),
 )
 GRAPH_RULES = tuple(r for r in RULES if r.graph)
+# what a graph node is checked against: the compiler pads an unaligned last dim at the
+# partition's boundary instead of running the op on the host (``compiler_optable.LAST_DIM``)
+COMPILER_RULES = tuple(r for r in GRAPH_RULES if r.reason != "last-dim-not-64-aligned")
 
 
 def first_failure(o: Operands, rules: tuple = RULES, skip: frozenset = frozenset()) -> str | None:
@@ -243,11 +246,12 @@ GATES = {
 }
 
 
-def graph_reason(entry: OpEntry, op: torch._ops.OpOverload, args, kwargs) -> str | None:
+def graph_reason(entry: OpEntry, op: torch._ops.OpOverload, args, kwargs,
+                 rules: tuple = COMPILER_RULES) -> str | None:
     """Why a graph node calling ``op`` (an overload served by ``entry``) on the traced values
     ``args``/``kwargs`` cannot run on the device, or None."""
     gate = GATES.get(entry.name)
     reason = gate(args, kwargs) if gate is not None else None
     if reason is None:
-        reason = first_failure(classify(entry, tensor_slots(entry, op), args, kwargs), GRAPH_RULES)
+        reason = first_failure(classify(entry, tensor_slots(entry, op), args, kwargs), rules)
     return reason

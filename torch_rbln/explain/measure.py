@@ -103,6 +103,27 @@ def _collectives(moved: dict[str, tuple[int, int]]) -> dict:
     return out
 
 
+# the order graph nodes are listed in: what the user can act on first
+_WHERE_ORDER = ("host", "in-program", "eager", "device")
+
+
+def _graph(before: Snapshot, after: Snapshot) -> dict | None:
+    """Where the nodes of compiled graphs ran during the region, and why (the compiler table's
+    row or the eager reason), from the ``graph_node`` and ``graph_pad`` events; None outside
+    graph mode."""
+    moved = _delta(before, after, "graph_node")
+    if not moved:
+        return None
+    nodes = []
+    for key, (_, n) in moved.items():
+        where, op, why = key.split("\t", 2)
+        nodes.append({"where": where, "op": op, "why": why, "count": n})
+    nodes.sort(key=lambda r: (_WHERE_ORDER.index(r["where"]), -r["count"], r["op"]))
+    by_where = {w: sum(r["count"] for r in nodes if r["where"] == w) for w in _WHERE_ORDER}
+    return {"nodes": nodes, "by_where": by_where,
+            "padding": _count_bytes(_sum(_delta(before, after, "graph_pad")))}
+
+
 def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str]) -> dict:
     bounce = _delta(before, after, "bounce")
     by_site = {s: _count_bytes(bounce.get(s, (0, 0))) for s in remedies.BOUNCE_SITES}
@@ -144,6 +165,9 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
         "device_memory": device_memory(),
         "host_threads": host_threads(),
     }
+    graph = _graph(before, after)
+    if graph:
+        d["graph"] = graph
     collectives = _collectives(_delta(before, after, "collective"))
     if collectives:
         d["collectives"] = collectives

@@ -82,6 +82,71 @@ REJECT_FIX = {
 }
 
 
+# cpu_fallback when graph mode would not help: every fallback ran inside a compiled graph
+# already, or none of the ops is one the RBLN compiler accelerates
+GRAPH_FIX = {
+    "graph-dtype": "cast to fp16/bf16 (already graph mode)",
+    "graph": "host op in graph mode too; see why:",
+    "not-accelerated": "host op in graph mode too; see why:",
+}
+GRAPH_REMEDY = {
+    "graph-dtype":
+        "these ops ran on the host inside a compiled graph: graph mode keeps the eager dtype "
+        "rule, so convert the chain to float16 or bfloat16 (e.g. an fp32 RMSNorm chain in an "
+        "fp16 model: compute it in fp16, or accept its host run); see why: and the graph mode "
+        "lines for each node's reason",
+    "graph":
+        "these ops ran on the host inside a compiled graph: the RBLN compiler's table does not "
+        "accelerate them (see the graph mode lines for each node's row); they are expected "
+        "there unless the model can avoid them",
+    "not-accelerated":
+        "ops ran on the CPU that the RBLN compiler does not accelerate either, so graph mode "
+        "would not move them; meet the op's input rules (see why:: a supported dtype such as "
+        "float16, a layout), or accept the host run for ops that are host-only by nature",
+}
+
+
+def fallback_case(d: dict) -> str:
+    """Which advice fits the region's CPU fallbacks: ``"eager"`` (graph mode may help: one of
+    the ops is one the compiler accelerates or an eager device op), ``"graph-dtype"`` /
+    ``"graph"`` (all ran inside compiled graphs), or ``"not-accelerated"``."""
+    from ..dispatch.compiler_optable import accelerates
+    from ..dispatch.optable import BY_NAME
+    in_graph: dict[str, int] = {}
+    for r in d.get("graph", {}).get("nodes", ()):
+        if r["where"] == "host":
+            in_graph[r["op"]] = in_graph.get(r["op"], 0) + r["count"]
+    eager = [op for op, n in d["cpu_fallback_by_op"].items() if n > in_graph.get(op, 0)]
+    if not eager:
+        return "graph-dtype" if "dtype-not-fp16" in d["cpu_fallback_reasons"] else "graph"
+    if any(accelerates(op) or op.split("::", 1)[-1] in BY_NAME for op in eager):
+        return "eager"
+    return "not-accelerated"
+
+
+def fallback_fix(d: dict) -> tuple[str, str]:
+    """The ``try:`` hint and the remedy of the region's CPU fallbacks."""
+    case = fallback_case(d)
+    if case == "eager":
+        return SHORT_FIX["cpu_fallback"], REMEDY["cpu_fallback"]
+    return GRAPH_FIX[case], GRAPH_REMEDY[case]
+
+
+GRAPH_RECOMPILE_FIX = "stabilize shapes, or dynamic=True"
+GRAPH_RECOMPILE_REMEDY = (
+    "compiled graphs were built for new shapes, dtypes or failed guards; one compile per graph "
+    "is expected, but compiles in a steady loop mean the shapes keep changing: pad or bucket "
+    "them to a few stable sizes, or compile with dynamic=True")
+
+
+def recompile_fix(d: dict) -> tuple[str, str]:
+    """The ``try:`` hint and remedy of the region's compiles: graph mode is not suggested to
+    graphs (``graph 0/1`` ...)."""
+    if d["recompile_by_op"] and all(k.startswith("graph ") for k in d["recompile_by_op"]):
+        return GRAPH_RECOMPILE_FIX, GRAPH_RECOMPILE_REMEDY
+    return SHORT_FIX["recompile"], REMEDY["recompile"]
+
+
 def notes(d: dict) -> list[dict]:
     """The fired signals with their remedy, host bounces first, then runtime, then dispatch."""
     out = []
@@ -95,15 +160,18 @@ def notes(d: dict) -> list[dict]:
     for label in rr["reject"]["user_actionable"]:
         out.append({"signal": f"runtime/v2v_reject:{label}", "fix": REJECT_FIX[label]})
     if d["dispatch"]["cpu_fallback"]:
-        out.append({"signal": "dispatch/cpu_fallback", "fix": REMEDY["cpu_fallback"]})
+        out.append({"signal": "dispatch/cpu_fallback", "fix": fallback_fix(d)[1]})
     if d["dispatch"]["recompile_miss"]:
-        out.append({"signal": "dispatch/recompile", "fix": REMEDY["recompile"]})
+        out.append({"signal": "dispatch/recompile", "fix": recompile_fix(d)[1]})
     return out
 
 
 def lookup(signal: str, fired: list[dict]) -> str:
     """The remedy for ``signal``: a site key, a cause, a reject label or a report signal such as
     ``dispatch/cpu_fallback`` or ``runtime/v2v_slow:src_not_on_device``."""
+    for n in fired:             # the region's own advice first (graph mode changes it)
+        if n["signal"] == signal:
+            return n["fix"]
     key = signal.rsplit("/", 1)[-1].rsplit(":", 1)[-1]
     for table in (REMEDY, CAUSE_FIX, REJECT_FIX):
         if key in table:

@@ -66,10 +66,43 @@ def _context(d: dict) -> list[str]:
         out.append(f"  host->device push (runtime): {fmt.count(h2d['count'])} pushes, {fmt.nbytes(h2d['bytes'])}")
     if d2h["count"]:
         out.append(f"  device->host pull (runtime): {fmt.count(d2h['count'])} copies, {fmt.nbytes(d2h['bytes'])}")
+    out += _graph(d.get("graph"))
     for where, c in d.get("collectives", {}).items():
         ops = ", ".join(f"{op} {fmt.count(n)}" for op, n in c["by_op"].items())
         side = "on device" if where == "device" else "via host (gloo)"
         out.append(f"  collectives {side}: {fmt.count(c['count'])}, {fmt.nbytes(c['bytes'])} ({ops})")
+    return out
+
+
+_WHERE_LABEL = {"device": "device", "in-program": "in program", "host": "host",
+                "eager": "eager call"}
+
+
+def _graph(g: dict | None) -> list[str]:
+    """Graph mode: where the nodes of the compiled graphs ran, and why (the compiler table's row,
+    or the reason a node is on the host)."""
+    if not g:
+        return []
+    w = g["by_where"]
+    head = (f"  graph mode: {fmt.count(w['device'])} device nodes, {fmt.count(w['in-program'])} "
+            f"in program (host side), {fmt.count(w['host'])} host nodes")
+    if w["eager"]:
+        head += f", {fmt.count(w['eager'])} eager calls"
+    out = [head]
+    rows = g["nodes"]
+    shown = rows[:MAX_OPS]
+    where_w = max(len(_WHERE_LABEL[r["where"]]) for r in shown)
+    op_w = max(len(r["op"]) for r in shown)
+    count_w = max(len(fmt.count(r["count"])) for r in shown)
+    for r in shown:
+        out.append(f"    {_WHERE_LABEL[r['where']].ljust(where_w)}  {r['op'].ljust(op_w)}  "
+                   f"{fmt.count(r['count']).rjust(count_w)}  {r['why']}".rstrip())
+    if len(rows) > MAX_OPS:
+        out.append(f"    +{len(rows) - MAX_OPS} more (p.dump()['graph'])")
+    pad = g["padding"]
+    if pad["count"]:
+        out.append(f"    last dim padded to 64 at partition boundaries: {fmt.count(pad['count'])}x, "
+                   f"{fmt.nbytes(pad['bytes'])} (layout work on the device, no host op)")
     return out
 
 
@@ -94,10 +127,10 @@ def _rows(d: dict) -> tuple[list[list[str]], int]:
     disp = d["dispatch"]
     if disp["cpu_fallback"]:
         rows.append(["dispatch/cpu_fallback", fmt.count(disp["cpu_fallback"]), "--",
-                     f"try: {remedies.SHORT_FIX['cpu_fallback']}"])
+                     f"try: {remedies.fallback_fix(d)[0]}"])
     if disp["recompile_miss"]:
         rows.append(["dispatch/recompile", fmt.count(disp["recompile_miss"]), "--",
-                     f"try: {remedies.SHORT_FIX['recompile']}"])
+                     f"try: {remedies.recompile_fix(d)[0]}"])
     return rows, byte_rows
 
 

@@ -3,9 +3,13 @@
 Pipeline per Dynamo graph (one compile id, ``"0/0"``, ``"0/1"`` ...):
 
 1. AOTAutograd traces the graph to functional aten graphs (one for inference, or a forward and
-   a backward for training), with no decompositions, so each node is the aten op eager would see.
-2. Each aten graph is placed node by node with the eager rules (``placement.py``) and split into
-   device and host partitions (``split.py``).
+   a backward for training). Only the composites of ``compiler_optable.DECOMPOSE`` are
+   decomposed (PyTorch's decompositions), into primitives the compiler covers; every other node
+   is the aten op eager would see.
+2. Each aten graph is placed node by node by the compiler's op table, then the eager rules
+   (``placement.py``), and split into device and host partitions (``split.py``). A device
+   partition with an unaligned last dim at its boundary is compiled whole; the padding is
+   counted once per launch (a ``graph_pad`` event).
 3. Each device partition is compiled to fused code by Inductor's C++ backend, on CPU example
    inputs made inside the graph's own fake mode, and runs as one launch on the device buffers;
    host partitions run op by op on the host views; operators with their own rbln kernel are
@@ -27,6 +31,7 @@ import torch
 import torch.fx
 
 from .. import events
+from ..dispatch import compiler_optable, rules
 from ..runtime import caches, devices
 from . import programs, split
 from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels, widen_cuda_dtypes
@@ -52,11 +57,13 @@ def drop_all() -> None:
 class GraphProgram:
     """A compiled aten graph: the outer graph calls the partitions in order."""
 
-    def __init__(self, name: str, key: str, outer: torch.fx.GraphModule, device_parts: list):
+    def __init__(self, name: str, key: str, outer: torch.fx.GraphModule, device_parts: list,
+                 per_call: tuple = ()):
         self.name = name
         self.key = key
         self.outer = outer
         self.device_parts = device_parts
+        self.per_call = per_call    # (kind, key, amount): where the nodes ran, the padding
         self.stale = False
         # AOTAutograd passes the arguments as one list (an instance attribute: its wrappers copy
         # the callee's __dict__)
@@ -80,6 +87,8 @@ class GraphProgram:
         for _ in self.device_parts:           # one launch per device partition
             events.record("dispatch", self.key)
             events.record("warm_hit", self.key)
+        for kind, key, amount in self.per_call:
+            events.record(kind, key, amount)
         return self.outer(*args)
 
 
@@ -158,6 +167,29 @@ def _specs(gm: torch.fx.GraphModule):
     return tuple(ins), tuple(outs)
 
 
+def _padding(sub: torch.fx.GraphModule) -> int:
+    """Bytes the compiler pads at a device partition's boundary: each input and result whose
+    static last dim is not a multiple of 64, padded up to one (and cut back for results)."""
+    vals = [n.meta.get("val") for n in sub.graph.find_nodes(op="placeholder")]
+    vals.extend(_output_values(sub))
+    total = 0
+    for v in vals:
+        if (isinstance(v, torch.Tensor) and v.dim() and v.numel()
+                and not rules.aligned(v.shape[-1])):
+            last = int(v.shape[-1])
+            total += (-last % 64) * (v.numel() // last) * v.element_size()
+    return total
+
+
+def _node_events(nodes) -> tuple:
+    """One ``graph_node`` event per (where, op, why), its amount the number of such nodes."""
+    groups: dict = {}
+    for where, op, why in nodes:
+        k = f"{where}\t{op}\t{why}"
+        groups[k] = groups.get(k, 0) + 1
+    return tuple(("graph_node", k, n) for k, n in groups.items())
+
+
 def _results_as_rbln(gm: torch.fx.GraphModule, index: int) -> None:
     """Route the graph's results through :class:`Results` (staged values -> rbln tensors)."""
     out = gm.graph.output_node()
@@ -177,13 +209,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
     input_specs, output_specs = _specs(gm)
     placed, dev_names = split.split(gm)
     index = device.index or 0
-    device_parts, host_ops = [], []
+    device_parts, host_ops, host_parts, padded = [], [], 0, []
     for node in gm.graph.find_nodes(op="call_module"):
         sub = getattr(gm, node.target)
         use_custom_kernels(sub, placed, index)
         rbln_out = _rbln_outputs(sub)
         if node.target in dev_names:
             fakes = [a.meta.get("val") for a in node.args]
+            pad = _padding(sub)
+            if pad:
+                padded.append((node.target, pad))
             part = DevicePartition(node.target, rbln_out,
                                    lambda sub=sub, fakes=fakes: _inductor(sub, fakes, fake_mode))
             part.build()
@@ -194,6 +229,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             ops = split.placements_of(sub, placed)
             part = HostPartition(node.target, rbln_out, sub, ops)
             host_ops.extend((p.op, p.reason) for p in part.ops)
+            host_parts += 1
         setattr(gm, node.target, part)
     for node in gm.graph.nodes:
         p = placed.get(node.name) if node.op == "call_function" else None
@@ -201,13 +237,18 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             node.target = EagerCall(node.target, index)
     _results_as_rbln(gm, index)
     key = f"graph {name}" + (" backward" if kind == "backward" else "")
-    program = GraphProgram(name, key, gm, device_parts)
+    nodes = tuple((p.where, p.op, p.why) for p in placed.values()
+                  if p.where in ("device", "in-program", "host", "eager"))
+    per_call = _node_events(nodes) + tuple(("graph_pad", f"{key} {part}", b) for part, b in padded)
+    program = GraphProgram(name, key, gm, device_parts, per_call)
     _live.add(program)
     events.record("recompile", key, time.perf_counter_ns() - t0)
     programs.publish(programs.CompiledProgram(
         name=name, device=device, function=program, input_specs=input_specs,
         output_specs=output_specs, kind=kind, device_partitions=len(device_parts),
-        host_ops=tuple(host_ops)), scopes)
+        host_ops=tuple(host_ops), host_partitions=host_parts,
+        in_program_ops=tuple((op, why) for where, op, why in nodes if where == "in-program"),
+        nodes=nodes, padded=tuple(padded)), scopes)
     return program
 
 
@@ -230,4 +271,15 @@ def rbln_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
         return fn
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                        inference_compiler=compiler("inference"))(gm, example_inputs)
+                        inference_compiler=compiler("inference"),
+                        decompositions=_decompositions())(gm, example_inputs)
+
+
+_DECOMPOSITIONS: dict | None = None
+
+
+def _decompositions() -> dict:
+    global _DECOMPOSITIONS
+    if _DECOMPOSITIONS is None:
+        _DECOMPOSITIONS = compiler_optable.decompositions()
+    return _DECOMPOSITIONS

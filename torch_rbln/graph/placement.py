@@ -1,8 +1,21 @@
-"""Where each node of an aten graph runs: the same decision rules as eager ops.
+"""Where each node of an aten graph runs: the RBLN compiler's op table, then the eager rules.
 
-A node is placed on the device when eager would run it there: its op has an entry in the device
-op table (``dispatch/optable.py``) and it passes the rules a graph can decide
-(``dispatch/rules.py``: the op's gate and ``GRAPH_RULES``).
+A node's op is looked up in the compiler's table (``dispatch/compiler_optable.py``, the vendor's
+"Supported OPs - PyTorch"):
+
+* a row marked *accelerated* (under its own condition: cumsum's input last dim a multiple of 64)
+  puts the node on the device;
+* a row marked *supported* only keeps the node inside the compiled program, on its host side
+  ("in-program"): it joins the device partition around it, so it adds no partition and no
+  transfer, and reports say where it ran;
+* an op without a row (the rows after ``torch.full_like`` were not retrieved) keeps the eager
+  placement: on the device when it has an entry in the eager device table
+  (``dispatch/optable.py``), else on the host with the reason ``no-device-kernel``.
+
+Either way a device node must pass the eager checks a graph can decide (``dispatch/rules.py``:
+the op's gate and ``COMPILER_RULES``: the dtype catalog, which the compiler table says nothing
+about, all-scalar operands, ...), but not the 64-alignment rule: the compiler pads an unaligned
+last dim at the partition's boundary (``runners.py`` counts it once per launch).
 
 An operator of another library that registers its own kernel for the rbln device (a custom
 op such as vLLM's attention, which a model keeps opaque to the compiler) runs *eagerly*: called
@@ -10,10 +23,9 @@ with the rbln tensors, it executes its own kernel (whose ops go through eager di
 the graph's partitions. Mutating custom ops appear in a functional graph as
 ``auto_functionalized(op, ...)``, placed the same way.
 
-Everything else runs on the host and carries the reason eager would report; an op without a
-device kernel has the reason ``no-device-kernel``. Metadata ops (views), copies, dtype
-conversions and factories are *free*: they follow their neighbours and are never reported,
-as in eager where they are not device-table ops either.
+Everything else runs on the host and carries the reason eager would report. Metadata ops
+(views), copies, dtype conversions and factories are *free*: they follow their neighbours and
+are never reported, as in eager where they are not device-table ops either.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from torch._higher_order_ops.auto_functionalize import (auto_functionalized,
 
 from ..dispatch import rules
 from ..dispatch.attention_dropout import attention_dropout_p
+from ..dispatch import compiler_optable
 from ..dispatch.optable import DEVICE_OPS, NATIVE_OPS, OpEntry, overload
 from ..runtime import executors
 
@@ -44,11 +57,19 @@ _FREE_OPS = frozenset({
 
 @dataclass(frozen=True)
 class Placement:
-    where: str              # "device", "host", "eager" (an op with its own rbln kernel), "free",
-                            # or "cpu" (CPU tensors only: not ours)
+    where: str              # "device", "in-program" (the program's host side), "host", "eager"
+                            # (an op with its own rbln kernel), "free", or "cpu" (CPU tensors
+                            # only: not ours)
     op: str = ""            # the name reports use (the eager kernel's, e.g. ``aten::mul.out``)
     reason: str = ""        # why a host node is not on the device
     kernel: str = ""        # a custom program body (``runtime/executors.py``), on either side
+    row: str = ""           # the compiler table's row that decided it ("": no row)
+
+    @property
+    def why(self) -> str:
+        """What reports print: the reason, and the compiler row or the eager table."""
+        source = self.row or ("eager device table" if self.where == "device" else "")
+        return " | ".join(p for p in (self.reason, source) if p)
 
 
 FREE = Placement("free")
@@ -94,7 +115,7 @@ def _is_factory(op: torch._ops.OpOverload) -> bool:
 
 
 def _check(entry: OpEntry, node: torch.fx.Node) -> str | None:
-    """The eager rules a graph can decide (``rules.GRAPH_RULES``); the reason code or None."""
+    """The eager rules a compiled graph keeps (``rules.COMPILER_RULES``); the reason or None."""
     args = torch.fx.node.map_aggregate(node.args, _val)
     kwargs = torch.fx.node.map_aggregate(node.kwargs, _val)
     reason = rules.graph_reason(entry, node.target, args, kwargs)
@@ -140,14 +161,28 @@ def place(node: torch.fx.Node) -> Placement:
     if not _touches_rbln(node):
         return Placement("cpu", target.name())
     entry = _BY_FN.get(target)
-    if entry is None:
+    row = compiler_optable.row_of(target)
+    if entry is None and row is None:
         return Placement("host", target.name(), NO_KERNEL)
+    if entry is None:          # a compiler row only: the rules see the traced op itself
+        entry = OpEntry(target.name().removeprefix("aten::"), str(target), out="functional")
     op = "aten::" + entry.name
     kernel = entry.kernel if entry.kernel in executors.CUSTOM else ""
+    row_text = compiler_optable.describe(row) if row is not None else ""
+    if row is not None and not _accelerated(row, node):
+        # the compiler keeps it on its host side, inside the program, whatever the dtype
+        return Placement("in-program", op, "", kernel, row_text)
     reason = _check(entry, node)
     if reason is not None:
-        return Placement("host", op, reason, kernel)
-    return Placement("device", op, "", kernel)
+        return Placement("host", op, reason, kernel, row_text)
+    return Placement("device", op, "", kernel, row_text)
+
+
+def _accelerated(row: compiler_optable.Row, node: torch.fx.Node) -> bool:
+    if row.condition == "last-dim-64":
+        v = _val(node.args[0])
+        return isinstance(v, torch.Tensor) and v.dim() > 0 and rules.aligned(v.shape[-1])
+    return row.accelerated
 
 
 def place_graph(gm: torch.fx.GraphModule) -> dict:

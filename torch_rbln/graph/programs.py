@@ -45,8 +45,12 @@ class OutputSpec:
 class CompiledProgram:
     """A compiled graph. ``name`` is the Dynamo compile id (``"0/0"``); ``kind`` is
     ``"inference"``, ``"forward"`` or ``"backward"``; ``function`` runs it on rbln tensors.
-    ``device_partitions`` counts the device launches per call; ``host_ops`` lists
-    ``(op, reason)`` for each node that runs on the host."""
+    ``device_partitions`` counts the device launches per call, ``host_partitions`` the host
+    runs; ``host_ops`` lists ``(op, reason)`` for each node that runs on the host,
+    ``in_program_ops`` ``(op, compiler row)`` for each node the compiler keeps on its host
+    side inside a device program; ``nodes`` ``(where, op, why)`` for every placed node;
+    ``padded`` ``(partition, bytes)`` for each device partition whose boundary pads an
+    unaligned last dim."""
     name: str
     device: torch.device
     function: Callable[..., Any]
@@ -55,6 +59,10 @@ class CompiledProgram:
     kind: str = "inference"
     device_partitions: int = 0
     host_ops: tuple = field(default=())
+    host_partitions: int = 0
+    in_program_ops: tuple = field(default=())
+    nodes: tuple = field(default=())
+    padded: tuple = field(default=())
 
 
 _tls = threading.local()

@@ -1,7 +1,8 @@
 """Split an aten graph into device partitions and host partitions.
 
-Device partitions are maximal groups of device nodes (plus the free nodes between them) that
-can run as one program without a cycle through the host; each becomes one launch. The nodes
+Device partitions are maximal groups of device nodes (plus the free nodes between them, and the
+nodes the compiler keeps on its host side, "in-program") that can run as one program without a
+cycle through the host; each becomes one launch. The nodes
 left over form host partitions, run op by op on the host, except operators with their own rbln
 kernel ("eager" placement), which stay in the outer graph between partitions. The outer graph
 then only calls partitions and those operators, and unpacks their results.
@@ -18,6 +19,9 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from .placement import Placement, place_graph
+
+
+_IN_PROGRAM = ("device", "in-program")
 
 
 class _Support(OperatorSupportBase):
@@ -56,9 +60,9 @@ def split(gm: torch.fx.GraphModule) -> tuple[dict, list]:
         p = placed.get(n)
         if p is None:
             return False
-        return p.where == "device" or (p.where == "free" and _is_tensor_node(n))
+        return p.where in _IN_PROGRAM or (p.where == "free" and _is_tensor_node(n))
 
-    device = _fuse(gm, on_device, lambda nodes: any(placed[n].where == "device" for n in nodes),
+    device = _fuse(gm, on_device, lambda nodes: any(placed[n].where in _IN_PROGRAM for n in nodes),
                    "device_")
     # whatever computes outside a device partition runs on the host; the getitems that unpack a
     # device partition's results stay in the outer graph
