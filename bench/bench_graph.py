@@ -80,7 +80,8 @@ def main() -> None:
     print(f"Llama forward: hidden {args.hidden}, {args.layers} layers, seq {args.seq}, fp16, "
           f"{torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     print(f"graph compile (first call): {compile_s:.2f} s; {p.device_partitions} device "
-          f"partitions, {len(p.host_ops)} host ops")
+          f"partitions, {p.host_partitions} host partitions, {len(p.host_ops)} host ops, "
+          f"{len(p.in_program_ops)} in-program ops")
     base = statistics.median(times["cpu eager"])
     for name, ts in times.items():
         med = statistics.median(ts)
