@@ -200,3 +200,15 @@ def test_rsub_in_a_graph_is_a_device_sub():
     torch.testing.assert_close(out.cpu().float(), 1 - x.float() * 2, **TOL)
     assert prog.host_ops == () and events.snapshot()["cpu_fallback"] == before
     assert any(op == "aten::sub.out" for w, op, _ in prog.nodes if w == "device")
+
+
+def test_padding_with_a_dynamic_batch_counts_by_size_hints():
+    x = _h(128, 100)
+    xr = x.to("rbln")
+    torch._dynamo.mark_dynamic(xr, 0)
+    f = torch.compile(lambda a: a * 2 + 1, backend="rbln")
+    with torch.no_grad(), torch.rbln.capture_programs() as programs:
+        out = f(xr)
+    torch.testing.assert_close(out.cpu().float(), x.float() * 2 + 1, **TOL)
+    assert any(isinstance(d, str) for s in programs[0].input_specs for d in s.shape)
+    assert programs[0].padded == (("device_0", 2 * 28 * 128 * 2),)

@@ -170,14 +170,16 @@ def _specs(gm: torch.fx.GraphModule):
 def _padding(sub: torch.fx.GraphModule) -> int:
     """Bytes the compiler pads at a device partition's boundary: each input and result whose
     static last dim is not a multiple of 64, padded up to one (and cut back for results)."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint as hint
     vals = [n.meta.get("val") for n in sub.graph.find_nodes(op="placeholder")]
     vals.extend(_output_values(sub))
     total = 0
     for v in vals:
-        if (isinstance(v, torch.Tensor) and v.dim() and v.numel()
-                and not rules.aligned(v.shape[-1])):
-            last = int(v.shape[-1])
-            total += (-last % 64) * (v.numel() // last) * v.element_size()
+        if isinstance(v, torch.Tensor) and v.dim() and not rules.aligned(v.shape[-1]):
+            rows = 1
+            for s in v.shape[:-1]:          # size hints: a dynamic batch extent is not guarded
+                rows *= hint(s)
+            total += (-int(v.shape[-1]) % 64) * rows * v.element_size()
     return total
 
 
