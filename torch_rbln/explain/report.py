@@ -78,16 +78,20 @@ _WHERE_LABEL = {"device": "device", "in-program": "in program", "host": "host",
                 "eager": "eager call"}
 
 
+def _n(n: int, what: str) -> str:
+    return f"{fmt.count(n)} {what}{'' if n == 1 else 's'}"
+
+
 def _graph(g: dict | None) -> list[str]:
     """Graph mode: where the nodes of the compiled graphs ran, and why (the compiler table's row,
     or the reason a node is on the host)."""
     if not g:
         return []
     w = g["by_where"]
-    head = (f"  graph mode: {fmt.count(w['device'])} device nodes, {fmt.count(w['in-program'])} "
-            f"in program (host side), {fmt.count(w['host'])} host nodes")
+    head = (f"  graph mode: {_n(w['device'], 'device node')}, {fmt.count(w['in-program'])} "
+            f"in program (host side), {_n(w['host'], 'host node')}")
     if w["eager"]:
-        head += f", {fmt.count(w['eager'])} eager calls"
+        head += f", {_n(w['eager'], 'eager call')}"
     out = [head]
     rows = g["nodes"]
     shown = rows[:MAX_OPS]
