@@ -84,6 +84,7 @@ def test_unaligned_partition_is_compiled_whole_and_padded_once():
     pad = p.dump()["graph"]["padding"]
     assert pad == {"count": 1, "bytes": 3 * 28 * 8 * 2}       # two inputs and the result
     assert prog.padded == (("device_0", pad["bytes"]),)
+    assert p.dump()["graph"]["rules"]["last_dim"] == compiler_optable.LAST_DIM
     assert "last dim padded to 64 at partition boundaries: 1x" in p.report()
 
 

@@ -120,8 +120,12 @@ def _graph(before: Snapshot, after: Snapshot) -> dict | None:
         nodes.append({"where": where, "op": op, "why": why, "count": n})
     nodes.sort(key=lambda r: (_WHERE_ORDER.index(r["where"]), -r["count"], r["op"]))
     by_where = {w: sum(r["count"] for r in nodes if r["where"] == w) for w in _WHERE_ORDER}
+    from ..dispatch import compiler_optable as table
     return {"nodes": nodes, "by_where": by_where,
-            "padding": _count_bytes(_sum(_delta(before, after, "graph_pad")))}
+            "padding": _count_bytes(_sum(_delta(before, after, "graph_pad"))),
+            # what the compiler table leaves open, and what graph placement does then
+            "rules": {"dtype": table.DTYPE_RULE, "last_dim": table.LAST_DIM,
+                      "rows_retrieved_through": table.RETRIEVED_THROUGH}}
 
 
 def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str]) -> dict:
