@@ -101,8 +101,9 @@ GRAPH_REMEDY = {
         "there unless the model can avoid them",
     "not-accelerated":
         "ops ran on the CPU that the RBLN compiler does not accelerate either, so graph mode "
-        "would not move them; meet the op's input rules (see why:: a supported dtype such as "
-        "float16, a layout), or accept the host run for ops that are host-only by nature",
+        "would not move them; meet the op's input rules (why: names the failed one: a supported "
+        "dtype such as float16, a layout), or accept the host run for ops that are host-only "
+        "by nature",
 }
 
 
