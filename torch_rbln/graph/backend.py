@@ -177,6 +177,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
     input_specs, output_specs = _specs(gm)
     placed, dev_names = split.split(gm)
     index = device.index or 0
+    key = f"graph {name}" + (" backward" if kind == "backward" else "")
     device_parts, host_ops = [], []
     for node in gm.graph.find_nodes(op="call_module"):
         sub = getattr(gm, node.target)
@@ -184,7 +185,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
         rbln_out = _rbln_outputs(sub)
         if node.target in dev_names:
             fakes = [a.meta.get("val") for a in node.args]
-            part = DevicePartition(node.target, rbln_out,
+            part = DevicePartition(node.target, rbln_out, index, f"{key} {node.target}",
                                    lambda sub=sub, fakes=fakes: _inductor(sub, fakes, fake_mode))
             part.build()
             device_parts.append(part)
@@ -192,7 +193,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             to_cpu_devices(sub)
             widen_cuda_dtypes(sub)
             ops = split.placements_of(sub, placed)
-            part = HostPartition(node.target, rbln_out, sub, ops)
+            part = HostPartition(node.target, rbln_out, index, sub, ops)
             host_ops.extend((p.op, p.reason) for p in part.ops)
         setattr(gm, node.target, part)
     for node in gm.graph.nodes:
@@ -200,7 +201,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
         if p is not None and p.where == "eager":
             node.target = EagerCall(node.target, index)
     _results_as_rbln(gm, index)
-    key = f"graph {name}" + (" backward" if kind == "backward" else "")
     program = GraphProgram(name, key, gm, device_parts)
     _live.add(program)
     events.record("recompile", key, time.perf_counter_ns() - t0)
