@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from conftest import run_code
 from torch_rbln import _C, events
 
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
@@ -181,3 +182,28 @@ def test_profiler_and_explain_read_one_stream(models, tmp_path):
                               "Memcpy DtoH (rbln)": rr["real_host_sync_d2h"]["bytes"],
                               "Memcpy DtoD (rbln)": rr["device_v2v"]["bytes"]})
     assert rr["device_v2v"]["bytes"] == y.numel() * y.element_size()
+
+
+ROWS_PER_NPU = """
+import json, sys, torch
+from torch.profiler import profile, ProfilerActivity
+a = torch.randn(32, 64, dtype=torch.float16).to("rbln:1")
+a + a
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as p:
+    a + a
+    torch.randn(32, 64, dtype=torch.float16).to("rbln:0") * 2
+p.export_chrome_trace(sys.argv[1])
+"""
+
+
+def test_each_npu_has_its_own_row(tmp_path):
+    path = tmp_path / "trace.json"
+    r = run_code(ROWS_PER_NPU.replace("sys.argv[1]", repr(str(path))),
+                 env={"TORCH_RBLN_VIRTUAL_NPUS": "2"})
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(path.read_text())["traceEvents"]
+    rows = {e["args"]["name"]: e["pid"] for e in ev
+            if e.get("ph") == "M" and e.get("name") == "process_name"}
+    slices = {(e["name"], e["pid"]) for e in ev if e.get("cat") == "kernel"}
+    assert slices == {("program: aten::add.out", rows["rbln:1"]),
+                      ("program: aten::mul.out", rows["rbln:0"])}
