@@ -45,8 +45,10 @@ def test_device_time_per_op_and_none_for_a_cpu_fallback(models):
     with profile(activities=ACTIVITIES) as p:
         y = dev(x.to("rbln"))
         b = a + a
+        s = torch.sin(a)                                        # no device kernel: a host op
     torch.testing.assert_close(y.cpu(), cpu(x), rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(b.cpu(), torch.full((64,), 2.0))
+    torch.testing.assert_close(s.cpu(), torch.sin(torch.ones(64)))
     rows = {e.key: e for e in p.key_averages()}
     linear = rows["aten::linear"]
     assert linear.self_device_time_total > 0
@@ -54,6 +56,8 @@ def test_device_time_per_op_and_none_for_a_cpu_fallback(models):
     add = rows["aten::add"]
     assert add.self_device_time_total == 0 and add.device_time_total == 0
     assert "rbln::cpu_fallback(dtype-not-fp16)" in rows     # the host run, named with its reason
+    assert "rbln::cpu_fallback(no-device-kernel)" in rows
+    assert rows["aten::sin"].device_time_total == 0
     table = p.key_averages().table(sort_by="self_device_time_total", row_limit=10)
     assert "Self RBLN" in table
     # ranked by device time: the device programs come first, the fallback add has no place there

@@ -20,7 +20,6 @@
 #include <output_base.h>
 
 #include <chrono>
-#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -69,7 +68,12 @@ void set_recording(bool recording) {
   events::tap::on.store(recording);
   if (python_switch != nullptr && Py_IsInitialized()) {
     py::gil_scoped_acquire gil;
-    (*python_switch)(recording);
+    try {
+      (*python_switch)(recording);
+    } catch (py::error_already_set& e) {
+      e.restore();  // reported by Python, not thrown through Kineto
+      PyErr_WriteUnraisable(nullptr);
+    }
   }
 }
 
