@@ -5,15 +5,17 @@ bounce, a physical transfer) here, once, where it happens. Counters are process-
 cumulative; tools (explain, the fallback log, diagnose) read them or listen to the stream and
 never keep bookkeeping of their own.
 
-Recording is one dict update; listeners cost nothing while none is attached. Device programs
-and physical copies are recorded through :func:`record_program` / :func:`record_copy`: while a
-``torch.profiler`` session with ``ProfilerActivity.PrivateUse1`` records, the same call also hands
-the event to the profiler as a device activity (``csrc/Profiler.cpp``), so the profiler and explain
-read one stream. README: "Profiling". The native core
+Recording is one dict update; listeners cost nothing while none is attached. The native core
 counts its own events (``h2d`` / ``d2h`` of residency transitions) in C++ counters without the
 GIL; every read of the stream (``snapshot``, ``total``, ``counters``) folds them in first, and
 while a listener is attached the core hands each event to :func:`record` instead, so listeners
 see every event in order, from the thread and Python call site that caused it.
+
+Device programs and physical copies are recorded through :func:`record_program` /
+:func:`record_copy` (in C++: ``events::record_program`` / ``record_copy``): while a
+``torch.profiler`` session with ``ProfilerActivity.PrivateUse1`` records, the same call also
+hands the event to the profiler as a device activity (``csrc/Profiler.cpp``), so the profiler
+and explain read one stream. README: "Profiling".
 
 Kinds and their keys (each counter is ``[count, amount]``; amount is bytes or nanoseconds):
 

@@ -66,12 +66,6 @@ def _context(d: dict) -> list[str]:
         out.append(f"  host->device push (runtime): {fmt.count(h2d['count'])} pushes, {fmt.nbytes(h2d['bytes'])}")
     if d2h["count"]:
         out.append(f"  device->host pull (runtime): {fmt.count(d2h['count'])} copies, {fmt.nbytes(d2h['bytes'])}")
-    v2v = rr["device_v2v"]
-    if v2v["count"]:
-        out.append(f"  device->device copy (NPU): {fmt.count(v2v['count'])} copies, {fmt.nbytes(v2v['bytes'])}")
-    programs = d["device_programs_by_op"]
-    if programs:
-        out.append(f"  device programs: {fmt.count(sum(programs.values()))} runs of {len(programs)} programs")
     for where, c in d.get("collectives", {}).items():
         ops = ", ".join(f"{op} {fmt.count(n)}" for op, n in c["by_op"].items())
         side = "on device" if where == "device" else "via host (gloo)"
