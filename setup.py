@@ -37,12 +37,19 @@ def _optimisation_flags() -> list[str]:
 
 
 _require_toolchain()
+import torch  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+
+# the profiler (csrc/Profiler.cpp) is a Kineto activity profiler: torch's wheel ships Kineto's
+# headers under include/kineto and exports the registry it plugs into (built with USE_KINETO)
+_KINETO_INCLUDE = os.path.join(os.path.dirname(torch.__file__), "include", "kineto")
 
 setup(
     ext_modules=[CppExtension(
         "torch_rbln._C",
         sorted(glob.glob("torch_rbln/csrc/*.cpp")),
+        include_dirs=[_KINETO_INCLUDE],
+        define_macros=[("USE_KINETO", None)],
         extra_compile_args=[*_optimisation_flags(), "-std=c++17", "-fvisibility=hidden"],
     )],
     # ninja (from the machine) compiles the files in parallel; without it the build is serial

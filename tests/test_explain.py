@@ -18,8 +18,8 @@ FP16 = torch.float16
 _shapes = itertools.count(1)
 
 DUMP_KEYS = {"hidden_host_bounce", "dispatch", "wall_ns", "cpu_fallback_by_op", "recompile_by_op",
-             "cpu_fallback_reasons", "trace_by_op", "runtime_residency", "device_memory",
-             "host_threads", "notes"}
+             "device_programs_by_op", "cpu_fallback_reasons", "trace_by_op", "runtime_residency",
+             "device_memory", "host_threads", "notes"}
 VERDICT_KEYS = {"clean", "hidden_host_bounces", "hidden_host_bounce_bytes", "runtime_hidden_d2h",
                 "runtime_hidden_by_reason", "cpu_fallbacks", "recompiles", "reasons", "notes"}
 SITES = ["copy_d2d_host_bounce", "copy_h2d_staging", "copy_h2d_noncontig_dst",

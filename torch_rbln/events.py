@@ -11,6 +11,12 @@ GIL; every read of the stream (``snapshot``, ``total``, ``counters``) folds them
 while a listener is attached the core hands each event to :func:`record` instead, so listeners
 see every event in order, from the thread and Python call site that caused it.
 
+Device programs and physical copies are recorded through :func:`record_program` /
+:func:`record_copy` (in C++: ``events::record_program`` / ``record_copy``): while a
+``torch.profiler`` session with ``ProfilerActivity.PrivateUse1`` records, the same call also
+hands the event to the profiler as a device activity (``csrc/Profiler.cpp``), so the profiler
+and explain read one stream. README: "Profiling".
+
 Kinds and their keys (each counter is ``[count, amount]``; amount is bytes or nanoseconds):
 
 ========================  =========================  ===============================================
@@ -27,6 +33,9 @@ kind                      key                        meaning
 ``v2v_reject``            reason                     why the fast copy plan was rejected (bytes)
 ``d2h``                   ``""``                     physical device->host transfer (bytes)
 ``h2d``                   ``""``                     host->device push (bytes)
+``v2v``                   ``""``                     device->device copy on the NPU (bytes)
+``device_program``        op or graph partition      a device program ran (amount: its ns, timed
+                                                     only while torch.profiler records, else 0)
 ``runtime``               primitive                  time spent in a runtime primitive (ns)
 ``collective``            ``op@where``               a torch.distributed collective on rbln tensors
                                                      (bytes: its message size); where is ``device``
@@ -45,14 +54,16 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from typing import Callable
 
-__all__ = ["record", "snapshot", "listen", "unlisten", "counters", "total", "KINDS"]
+__all__ = ["record", "record_program", "record_copy", "span_start", "snapshot", "listen",
+           "unlisten", "counters", "total", "KINDS"]
 
 KINDS = (
     "dispatch", "warm_hit", "recompile", "cpu_fallback", "cpu_fallback_reason", "host_op",
-    "bounce", "v2v_slow", "v2v_reject", "d2h", "h2d", "runtime", "collective",
-    "graph_node", "graph_pad",
+    "bounce", "v2v_slow", "v2v_reject", "d2h", "h2d", "v2v", "device_program", "runtime",
+    "collective", "graph_node", "graph_pad",
 )
 
 # kind -> key -> [count, amount]; read as ``counters`` (module __getattr__), which folds in the
@@ -81,6 +92,50 @@ def record(kind: str, key: str = "", amount: int = 0) -> None:
     if _listeners:
         for fn in _listeners:
             fn(kind, key, amount)
+
+
+# the profiler's tap: on while a profiling session records device activity (set by the native
+# core as sessions start and stop); activity(kind, key, device, start_ns, end_ns, bytes)
+_tap_on = False
+_tap_activity: Callable[[str, str, int, int, int, int], None] | None = None
+_now = time.time_ns     # the profiler's clock (ns since the epoch), as the native tap's
+
+
+def span_start() -> int:
+    """Where a timed event starts: now while the profiler records, else 0 (nothing is timed)."""
+    return _now() if _tap_on else 0
+
+
+def record_program(key: str, device: int, start_ns: int) -> None:
+    """A device program ran on NPU ``device`` since ``start_ns`` (:func:`span_start`)."""
+    if not _tap_on:
+        record("device_program", key, 0)
+        return
+    end = _now()
+    start = start_ns or end
+    record("device_program", key, end - start)
+    _tap_activity("device_program", key, device, start, end, 0)
+
+
+def record_copy(kind: str, nbytes: int, device: int, start_ns: int) -> None:
+    """A physical copy (``h2d``, ``d2h``, ``v2v``) of ``nbytes`` on NPU ``device`` since
+    ``start_ns`` (0: an instant)."""
+    record(kind, "", nbytes)
+    if _tap_on:
+        end = _now()
+        _tap_activity(kind, "", device, start_ns or end, end, nbytes)
+
+
+def _set_tap(on: bool) -> None:
+    global _tap_on
+    _tap_on = bool(on)
+
+
+def connect_tap(activity: Callable, set_switch: Callable[[Callable[[bool], None]], None]) -> None:
+    """Called once by the runtime when the native core loads: the profiler's tap."""
+    global _tap_activity
+    _tap_activity = activity
+    set_switch(_set_tap)
 
 
 def _fold() -> None:

@@ -43,6 +43,46 @@ inline void record(Counter* c, int64_t amount = 0) {
   c->amount.fetch_add(amount, std::memory_order_relaxed);
 }
 
+// ------------------------------------------------------------------------------------------
+// The profiler's tap (Profiler.cpp). While a torch.profiler session with PrivateUse1 activity
+// records, each device program and each physical copy counted here also becomes a device
+// activity, from the same call: the profiler and explain read one stream. Otherwise a call
+// costs one relaxed load more than `record`.
+namespace tap {
+extern std::atomic<bool> on;
+int64_t now();  // the profiler's clock: ns since the epoch (kineto's, torch's CPU ops')
+// a device activity of counter `c` on NPU `device`, from `start_ns` to `end_ns`
+void activity(const Counter& c, int device, int64_t start_ns, int64_t end_ns, int64_t bytes);
+}  // namespace tap
+
+// Where a timed event starts: now while the profiler records, else 0 (nothing is timed).
+inline int64_t span_start() {
+  return tap::on.load(std::memory_order_relaxed) ? tap::now() : 0;
+}
+
+// A device program ran on NPU `device` since `start_ns` (span_start()): one event of `c`
+// (amount: its ns while the profiler records, else 0) and, while it records, its activity.
+inline void record_program(Counter* c, int device, int64_t start_ns) {
+  if (!tap::on.load(std::memory_order_relaxed)) {
+    record(c, 0);
+    return;
+  }
+  const int64_t end = tap::now();
+  const int64_t start = start_ns != 0 ? start_ns : end;
+  record(c, end - start);
+  tap::activity(*c, device, start, end, 0);
+}
+
+// A physical copy of `bytes` on NPU `device` since `start_ns` (0: an instant, e.g. a transfer
+// whose bytes are read in place later): one event of `c` and, while it records, its activity.
+inline void record_copy(Counter* c, int64_t bytes, int device, int64_t start_ns) {
+  record(c, bytes);
+  if (tap::on.load(std::memory_order_relaxed)) {
+    const int64_t end = tap::now();
+    tap::activity(*c, device, start_ns != 0 ? start_ns : end, end, bytes);
+  }
+}
+
 // What was counted since the previous drain; the counters restart from zero.
 struct Delta {
   const Counter* counter;

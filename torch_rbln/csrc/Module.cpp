@@ -13,6 +13,7 @@ void bind_async_copy(pybind11::module_& m);
 namespace torch_rbln {
 void bind_runtime(pybind11::module_& m);  // Runtime.cpp
 void bind_warm_path(pybind11::module_& m);  // WarmPath.cpp
+void bind_profiler(pybind11::module_& m);  // Profiler.cpp
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -26,4 +27,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torch_rbln::bind_hooks(m);
   torch_rbln::bind_async_copy(m);
   torch_rbln::bind_warm_path(m);
+  torch_rbln::bind_profiler(m);
 }

@@ -193,6 +193,18 @@ bool (*eager_parser)(const char*) = nullptr;
 
 std::atomic<int64_t> live_states{0};
 
+// torch.profiler(profile_memory=True) sees each rbln storage come and go, as CUDA's allocator
+// reports its blocks (the totals are the arena's); one thread-local check while none records
+void report_to_profiler(void* ptr, int64_t nbytes, c10::DeviceIndex index) {
+  if (!c10::memoryProfilingEnabled()) {
+    return;
+  }
+  const ArenaStats s = claim(index).stats();
+  c10::reportMemoryUsageToProfiler(ptr, nbytes, static_cast<size_t>(s.allocated.current),
+                                   static_cast<size_t>(s.reserved.current),
+                                   c10::Device(c10::DeviceType::PrivateUse1, index));
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
@@ -202,6 +214,7 @@ StorageState::StorageState(c10::DeviceIndex index_, int64_t nbytes_, void* host_
                            int64_t host_capacity_, bool pooled_)
     : index(index_), nbytes(nbytes_), host(host_), host_capacity(host_capacity_), pooled(pooled_) {
   live_states.fetch_add(1, std::memory_order_relaxed);
+  report_to_profiler(host, nbytes, index);
 }
 
 StorageState::~StorageState() {
@@ -210,6 +223,10 @@ StorageState::~StorageState() {
   } catch (...) {
   }
   live_states.fetch_sub(1, std::memory_order_relaxed);
+  try {
+    report_to_profiler(host, -nbytes, index);
+  } catch (...) {
+  }
   inputs_.clear();
   device_cpu_ = c10::Storage();
   host_cpu_ = c10::Storage();
@@ -264,13 +281,15 @@ void StorageState::ensure_device_memory() {
 
 void StorageState::push() {
   ensure_device_memory();
+  const int64_t t0 = events::span_start();
   copy_bytes(memory_data(block->memory), host, nbytes);
-  events::record(h2d_counter(), nbytes);
+  events::record_copy(h2d_counter(), nbytes, index, t0);
 }
 
 void StorageState::pull() {
+  const int64_t t0 = events::span_start();
   copy_bytes(host, memory_data(block->memory), nbytes);
-  events::record(d2h_counter(), nbytes);
+  events::record_copy(d2h_counter(), nbytes, index, t0);
 }
 
 void StorageState::catch_up_host() {
@@ -283,7 +302,7 @@ void StorageState::catch_up_host() {
 bool StorageState::host_read_deferred() {
   settle();
   if (residency == Residency::Device) {
-    events::record(d2h_counter(), nbytes);
+    events::record_copy(d2h_counter(), nbytes, index, 0);  // the bytes move later, in place
     residency = Residency::Synced;
     host_behind_ = true;
   }

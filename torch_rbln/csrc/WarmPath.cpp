@@ -9,8 +9,8 @@
 //      program (cold compile, compile error), a NaN/Inf operand, an unusual argument;
 //   2. otherwise does what the Python path does on a cache hit, in the same order and with the
 //      same events: `dispatch`, the NaN/Inf scan (d2h of device-latest operands), `warm_hit`,
-//      the operands' device reads (h2d of host-latest ones), the program on device aliases,
-//      and the result delivered over an adopted block (or into `out`).
+//      the operands' device reads (h2d of host-latest ones), the program on device aliases
+//      (`device_program`), and the result delivered over an adopted block (or into `out`).
 // Python decides everything first: a key enters this kernel's cache only after the Python path
 // ran a device program for it (and each key here determines the Python key), and dropping the
 // program cache drops these too. So every event and count is the Python path's.
@@ -301,7 +301,8 @@ class WarmKernel final : public c10::OperatorKernel {
         skip_dtype_(std::move(skip_dtype)), align64_(align64), form_(form),
         fn_args_(std::move(fn_args)), left_(left), batched_(batched),
         dispatch_(events::counter("dispatch", op_name)),
-        warm_hit_(events::counter("warm_hit", op_name)) {}
+        warm_hit_(events::counter("warm_hit", op_name)),
+        program_(events::counter("device_program", op_name)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     const auto& schema = op.schema();
@@ -543,6 +544,7 @@ class WarmKernel final : public c10::OperatorKernel {
         widen = rows >= widen_min_rows;
       }
     }
+    const int64_t t0 = events::span_start();  // the program: operands in, result out
     torch::jit::Stack fn_stack;
     fn_stack.reserve(fn_args_.size());
     const auto& fn_schema = fn_.schema();
@@ -574,6 +576,7 @@ class WarmKernel final : public c10::OperatorKernel {
         break;
       }
     }
+    events::record_program(program_, call.index, t0);
     if (mode_ == Mode::Functional) {
       if (!spans_own_storage(result)) {
         result = result.clone(at::MemoryFormat::Contiguous);
@@ -616,6 +619,7 @@ class WarmKernel final : public c10::OperatorKernel {
   bool batched_;              // ... and its first dimension is the batch (bmm)
   events::Counter* dispatch_;
   events::Counter* warm_hit_;
+  events::Counter* program_;
   std::mutex mutex_;
   std::unordered_map<uint64_t, std::vector<Program>> cache_;
 };

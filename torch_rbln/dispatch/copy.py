@@ -94,7 +94,9 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
         if state == DEVICE:
             t0 = time.perf_counter_ns()
             db.device_write(whole=spans_storage(dst, db.nbytes))
+            s0 = events.span_start()
             db.device_alias(dst).copy_(sb.device_alias(src))
+            events.record_copy("v2v", nbytes, dst.device.index, s0)
             _record("runtime", "v2v", time.perf_counter_ns() - t0)
             return
         # the latest bytes are on the host: the runtime serves the copy there

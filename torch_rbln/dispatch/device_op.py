@@ -2,7 +2,7 @@
 
 Per call: one ``dispatch`` event, the pre-dispatch checks (``checks.py``), a cache key built
 from the arguments' metadata, a dict lookup (``warm_hit``) or a compile (``recompile``), the
-program on device buffers, and the result's residency: the program's output becomes the
+program on device buffers (``device_program``), and the result's residency: the program's output becomes the
 output tensor's device buffer, so nothing is copied.
 
 A failed check sends the op to the CPU (``cpu_fallback`` with its reason): through the host
@@ -24,6 +24,8 @@ from .attention_dropout import DROPOUT_AT, with_attention_dropout
 from .optable import OpEntry, overload
 
 _record = events.record
+_span_start = events.span_start
+_record_program = events.record_program
 _perf_ns = time.perf_counter_ns
 _Tensor = torch.Tensor
 _lookup = compiler._cache.get
@@ -77,6 +79,12 @@ def make_kernel(entry: OpEntry, registered_name: str):
 
     def run_fallback(reason, args, kwargs, out, index):
         _record("cpu_fallback_reason", reason)
+        if events._tap_on:      # a profile records: its trace names the host run and why
+            with torch.profiler.record_function(f"rbln::cpu_fallback({reason})"):
+                return _fallback(reason, args, kwargs, out, index)
+        return _fallback(reason, args, kwargs, out, index)
+
+    def _fallback(reason, args, kwargs, out, index):
         t0 = _perf_ns()
         try:
             if fast:
@@ -162,6 +170,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
         # inside a device program: the `reentrant` check sees it (and the native warm path
         # learns that this key ran as a device program)
         depth = _enter_program()
+        t0 = _span_start()
         try:
             result = prog.run(*dev_args, **kwargs)
         finally:
@@ -170,6 +179,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
             if result is a:     # the program returned an operand's device memory (see
                 result = result.clone()     # device_input): the output needs its own
                 break
+        _record_program(op_name, index, t0)
         return results.deliver_device(result, out, index)
 
     kernel.__name__ = "rbln_" + registered_name.replace(".", "_")

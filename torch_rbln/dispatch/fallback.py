@@ -300,6 +300,15 @@ def boxed_fallback(op: torch._ops.OpOverload, *args, **kwargs):
             f"please contact client_support@rebellions.ai. To enable fallback to CPU operation, "
             f"remove 'unsupported_op' from `TORCH_RBLN_DISABLE_FALLBACK`.")
     _record("host_op", name)
+    return _host_op(op, args, kwargs)
+
+
+def _host_op(op, args, kwargs):
+    """An op without a device kernel, run on the CPU; a profile's trace names the host run as
+    a device op's fallback is named (``rbln::cpu_fallback(<reason>)``)."""
+    if events._tap_on:
+        with torch.profiler.record_function("rbln::cpu_fallback(no-device-kernel)"):
+            return run_on_cpu(op, args, kwargs)
     return run_on_cpu(op, args, kwargs)
 
 
@@ -314,7 +323,7 @@ def host_kernels() -> dict:
 
         def kernel(*args, **kwargs):
             _record("host_op", name)
-            return run_on_cpu(op, args, kwargs)
+            return _host_op(op, args, kwargs)
         return kernel
 
     out = {n: make(overload(n)) for n in HOST_OPS}

@@ -211,6 +211,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
     input_specs, output_specs = _specs(gm)
     placed, dev_names = split.split(gm)
     index = device.index or 0
+    key = f"graph {name}" + (" backward" if kind == "backward" else "")
     device_parts, host_ops, host_parts, padded = [], [], 0, []
     for node in gm.graph.find_nodes(op="call_module"):
         sub = getattr(gm, node.target)
@@ -221,7 +222,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             pad = _padding(sub)
             if pad:
                 padded.append((node.target, pad))
-            part = DevicePartition(node.target, rbln_out,
+            part = DevicePartition(node.target, rbln_out, index, f"{key} {node.target}",
                                    lambda sub=sub, fakes=fakes: _inductor(sub, fakes, fake_mode))
             part.build()
             device_parts.append(part)
@@ -229,7 +230,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             to_cpu_devices(sub)
             widen_cuda_dtypes(sub)
             ops = split.placements_of(sub, placed)
-            part = HostPartition(node.target, rbln_out, sub, ops)
+            part = HostPartition(node.target, rbln_out, index, sub, ops)
             host_ops.extend((p.op, p.reason) for p in part.ops)
             host_parts += 1
         setattr(gm, node.target, part)
@@ -238,7 +239,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
         if p is not None and p.where == "eager":
             node.target = EagerCall(node.target, index)
     _results_as_rbln(gm, index)
-    key = f"graph {name}" + (" backward" if kind == "backward" else "")
     nodes = tuple((p.where, p.op, p.why) for p in placed.values()
                   if p.where in ("device", "in-program", "host", "eager"))
     per_call = _node_events(nodes) + tuple(("graph_pad", f"{key} {part}", b) for part, b in padded)

@@ -25,6 +25,9 @@ from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, new_tensor, sta
 from .placement import NO_KERNEL, Placement
 
 _record = events.record
+_record_copy = events.record_copy
+_record_program = events.record_program
+_span_start = events.span_start
 _perf_ns = time.perf_counter_ns
 _as_strided = torch.ops.aten.as_strided.default._handle
 
@@ -39,11 +42,12 @@ class Staged:
         self.on_device = on_device    # made by a device program (else by the host)
         self.state = DEVICE if on_device else HOST
 
-    def read(self, device_side: bool) -> torch.Tensor:
+    def read(self, device_side: bool, index: int) -> torch.Tensor:
         if self.state != SYNCED and (self.state == HOST) == device_side:
             t = self.t
-            _record("h2d" if device_side else "d2h", "",
-                    storage_nbytes(t.size(), t.stride(), t.element_size()))
+            # both sides share one memory: the transfer is counted, its bytes do not move
+            _record_copy("h2d" if device_side else "d2h",
+                         storage_nbytes(t.size(), t.stride(), t.element_size()), index, 0)
             self.state = SYNCED
         return self.t
 
@@ -53,17 +57,18 @@ class _Partition(torch.nn.Module):
 
     device_side: bool
 
-    def __init__(self, name: str, rbln_out: tuple):
+    def __init__(self, name: str, rbln_out: tuple, index: int):
         super().__init__()
         self.name = name
         self.rbln_out = rbln_out     # per result: does the graph expect it on rbln?
+        self.index = index           # the NPU (rbln:index) the graph runs on
 
     def _bind(self, args):
         cpu_args, owners = [], {}
         device_side = self.device_side
         for a in args:
             if type(a) is Staged:
-                a = a.read(device_side)
+                a = a.read(device_side, self.index)
             elif isinstance(a, torch.Tensor) and a.device.type == "rbln":
                 b = state_of(a)
                 if device_side:
@@ -97,8 +102,9 @@ class DevicePartition(_Partition):
 
     device_side = True
 
-    def __init__(self, name, rbln_out, compile_fn):
-        super().__init__(name, rbln_out)
+    def __init__(self, name, rbln_out, index, key, compile_fn):
+        super().__init__(name, rbln_out, index)
+        self.key = key                  # the program's name in events (`device_program`)
         self.compile_fn = compile_fn    # () -> callable on CPU tensors
         self.fn = None
 
@@ -110,7 +116,10 @@ class DevicePartition(_Partition):
 
     def forward(self, *args):
         cpu_args, owners = self._bind(args)
-        return self._deliver(self.fn(*cpu_args), owners)
+        t0 = _span_start()
+        outs = self.fn(*cpu_args)
+        _record_program(self.key, self.index, t0)
+        return self._deliver(outs, owners)
 
 
 class HostPartition(_Partition):
@@ -119,8 +128,8 @@ class HostPartition(_Partition):
 
     device_side = False
 
-    def __init__(self, name, rbln_out, gm: torch.fx.GraphModule, ops: list[Placement]):
-        super().__init__(name, rbln_out)
+    def __init__(self, name, rbln_out, index, gm: torch.fx.GraphModule, ops: list[Placement]):
+        super().__init__(name, rbln_out, index)
         self.gm = gm
         self.ops = [p for p in ops if p.where == "host"]
 
