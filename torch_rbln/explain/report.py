@@ -16,7 +16,8 @@ def render(d: dict) -> str:
     marker = "[clean]" if n == 0 else f"[overhead: {n} signal{'s' if n != 1 else ''}]"
     mem = d.get("device_memory")
     mem_part = f" | device mem {fmt.nbytes(mem['peak_bytes'])} peak, reserved" if mem else ""
-    lines = [f"{marker}  RBLN EXPLAIN   (region wall {fmt.duration(d['wall_ns'])}{mem_part})"]
+    label = f"{d['label']} | " if d.get("label") else ""
+    lines = [f"{marker}  RBLN EXPLAIN   ({label}region wall {fmt.duration(d['wall_ns'])}{mem_part})"]
     ctx = _context(d)
     if ctx:
         lines += ["", *ctx]
