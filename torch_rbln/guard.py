@@ -14,6 +14,7 @@ import threading
 from contextlib import contextmanager
 
 from . import events
+from .explain import fmt
 from .log import logger
 from .user_frames import call_site
 
@@ -65,7 +66,8 @@ def _on_event(kind: str, key: str, amount: int) -> None:
         subject, why = "a copy", key
     else:
         subject, why = f"`{key}`", "a new cache key"
-    where = call_site(1) or "an unknown line"
+    site = call_site(1)
+    where = fmt.short_stack(site) if site else "an unknown line"
     text = f"{subject} {what} ({why}) at {where}"
     if policy == "log":
         logger.warning("torch.rbln.guard: %s", text)
