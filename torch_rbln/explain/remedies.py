@@ -79,9 +79,10 @@ CAUSE_FIX = {
 # What to change for each part of a cache key that made an op compile again (``dim N`` uses
 # "dim").
 RECOMPILE_FIX = {
-    "dim": "pad or bucket {part} to a few sizes, or graph mode "
-           "(torch.compile(backend=\"rbln\"))",
-    "shape": "keep the number of dimensions the same on every call, or graph mode",
+    "dim": "pad or bucket {part} to a few sizes, or graph mode with dynamic shapes "
+           "(torch.compile(backend=\"rbln\", dynamic=True))",
+    "shape": "keep the number of dimensions the same on every call, or graph mode with "
+             "dynamic shapes",
     "baked value": "pass it as a device tensor (torch.tensor(v, device=\"rbln\")): a CPU scalar's "
               "value is baked into the program",
     "value": "this argument is part of the program: keep it constant, or pass it as a device "
