@@ -146,7 +146,7 @@ def make_kernel(entry: OpEntry, registered_name: str):
                tuple([(k, _sig(v, ids)) for k, v in kwargs.items()]) if kwargs else ())
         prog = _lookup(key)
         if prog is None:
-            earlier = compiler.keys_of(op_name)
+            earlier = compiler.keys_of(op_name, recompile_causes.RECENT)
             try:
                 prog = compiler.compile_op(op_name, body, key, args, kwargs, build)
             except compiler.CompileError:

@@ -148,9 +148,10 @@ def _distance(parts) -> int:
 
 def closest(key, earlier) -> list[tuple[str, str, str, str]]:
     """The differences from the closest of ``earlier`` (the fewest differing parts, a changed
-    call form weighing more; the most recent on a tie) to ``key``."""
+    call form weighing more; the most recent on a tie) to ``key``. The caller passes the op's
+    most recent :data:`RECENT` keys."""
     best, best_d = None, 0
-    for k in reversed(earlier[-RECENT:]):
+    for k in reversed(earlier):
         parts = diff(k, key)
         d = _distance(parts)
         if best is None or d < best_d:

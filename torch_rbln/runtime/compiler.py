@@ -97,10 +97,11 @@ def cache_size() -> int:
     return len(_cache)
 
 
-def keys_of(op_name: str) -> list:
-    """The keys ``op_name`` has programs for, oldest first (a copy)."""
+def keys_of(op_name: str, last: int | None = None) -> list:
+    """The keys ``op_name`` has programs for, oldest first (a copy; the ``last`` ones only)."""
     with _lock:
-        return list(_keys_by_op.get(op_name, ()))
+        keys = _keys_by_op.get(op_name, ())
+        return list(keys[-last:] if last else keys)
 
 
 # -------------------------------------------------------------------------------------------
