@@ -23,7 +23,7 @@ def _native():
 
 
 def setup() -> None:
-    from . import api, log, patches
+    from . import api, config, log, patches
     from .dispatch import (composites, copy, cuda_dtypes, data_movement, device_op, factories,
                            fallback, layouts, rules, views)
     from .runtime import devices
@@ -63,3 +63,6 @@ def setup() -> None:
     patches.apply_all()
     from . import distributed
     distributed.register()      # torch.distributed: the rbln-ccl backend, rbln tensors on gloo
+    if config.latched("TORCH_RBLN_EXPLAIN_AT_EXIT"):
+        from .explain import whole_run
+        whole_run.start()

@@ -1,5 +1,5 @@
-"""The ``torch.rbln`` namespace: device, streams and events, memory, RNG, explain, compiled
-programs (README "torch.rbln API")."""
+"""The ``torch.rbln`` namespace: device, streams and events, memory, RNG, explain, guard,
+compiled programs (README "torch.rbln API")."""
 
 from .device_api import *  # noqa: F401,F403
 from .device_api import _get_device_index  # noqa: F401
@@ -14,6 +14,9 @@ def __getattr__(name):
     if name in ("explain", "explain_steady", "RBLNExplain", "RBLNDiff", "profile", "RBLNProfile"):
         from . import explain as _explain
         return getattr(_explain, name)
+    if name in ("guard", "GuardError"):
+        from . import guard as _guard
+        return getattr(_guard, name)
     if name in ("capture_programs", "CompiledProgram", "InputSpec", "OutputSpec"):
         from .graph import programs as _programs
         return getattr(_programs, name)

@@ -284,6 +284,10 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "Extra dtypes admitted to the eager device dispatch catalog."),
     Var("TORCH_RBLN_DISPATCH_STRICT", (), _dtypes, "import", "dtype names",
         "Dtypes that skip the performance fallbacks (64-alignment rule)."),
+    Var("TORCH_RBLN_EXPLAIN_AT_EXIT", False, _flag_one, "import", "1",
+        "Print the torch.rbln.explain report of the whole run to stderr when the process exits "
+        "(each torchrun worker its own, its rank in the header); as `python -m "
+        "torch_rbln.explain` does for a script (ours)."),
     Var("TORCH_RBLN_DEPLOY", False, _flag_exact_on, "live", "ON",
         "Deploy mode: skip the host NaN/Inf scan before device dispatch."),
     Var("TORCH_RBLN_NATIVE_WARM_PATH", True, _flag_truthy, "import",

@@ -25,6 +25,8 @@ kind                      key                        meaning
 ``dispatch``              op                         a device-table op entered the dispatcher
 ``warm_hit``              op                         a compiled program was reused (amount: ns)
 ``recompile``             op                         a program was compiled (amount: ns)
+``recompile_cause``       op, argument, part,        what differs from the op's closest earlier
+                          before, after (tab-joined) program (``dispatch/recompile_causes.py``)
 ``cpu_fallback``          op                         a device-table op ran on the CPU (amount: ns)
 ``cpu_fallback_reason``   reason code                why it did (``dtype-not-fp16`` ...)
 ``host_op``               op                         an op without a device kernel ran on the CPU
@@ -61,9 +63,9 @@ __all__ = ["record", "record_program", "record_copy", "span_start", "snapshot", 
            "unlisten", "counters", "total", "KINDS"]
 
 KINDS = (
-    "dispatch", "warm_hit", "recompile", "cpu_fallback", "cpu_fallback_reason", "host_op",
-    "bounce", "v2v_slow", "v2v_reject", "d2h", "h2d", "v2v", "device_program", "runtime",
-    "collective", "graph_node", "graph_pad",
+    "dispatch", "warm_hit", "recompile", "recompile_cause", "cpu_fallback", "cpu_fallback_reason",
+    "host_op", "bounce", "v2v_slow", "v2v_reject", "d2h", "h2d", "v2v", "device_program",
+    "runtime", "collective", "graph_node", "graph_pad",
 )
 
 # kind -> key -> [count, amount]; read as ``counters`` (module __getattr__), which folds in the

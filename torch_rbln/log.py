@@ -8,6 +8,11 @@ the extension loads. At INFO every op that ran on the CPU logs
 followed by ``UserWarning("TRACE")`` attributed to the user's own source line, so Python's
 warning machinery prints ``file.py:N`` and the code line. The log is a listener on the event
 stream; it keeps no counts of its own. README: "CPU fallback".
+
+An op compiled again for a new cache key logs what differs from its closest earlier program,
+one line per differing part (``dispatch/recompile_causes.py``):
+
+    [2026-09-14 19:49:00.150][I] `aten::mul.out` compiled again: input 0 dim 1: 16 -> 17
 """
 
 from __future__ import annotations
@@ -90,6 +95,10 @@ def _warn_trace() -> None:
 
 
 def _on_event(kind: str, key: str, amount: int) -> None:
+    if kind == "recompile_cause":
+        op, argument, part, before, after = key.split("\t")
+        logger.info("`%s` compiled again: %s %s: %s -> %s", op, argument, part, before, after)
+        return
     if kind not in ("cpu_fallback", "host_op"):
         return
     logger.info("`%s` op ran on CPU instead of RBLN", _schema_name(key))

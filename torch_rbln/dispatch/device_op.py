@@ -1,9 +1,10 @@
 """The kernel every device-table op runs: checks -> program cache -> execute, or CPU fallback.
 
 Per call: one ``dispatch`` event, the pre-dispatch checks (``checks.py``), a cache key built
-from the arguments' metadata, a dict lookup (``warm_hit``) or a compile (``recompile``), the
-program on device buffers (``device_program``), and the result's residency: the program's output becomes the
-output tensor's device buffer, so nothing is copied.
+from the arguments' metadata, a dict lookup (``warm_hit``) or a compile (``recompile``, and for
+an op that already has programs its ``recompile_cause``: ``recompile_causes.py``), the
+program on device buffers (``device_program``), and the result's residency: the program's
+output becomes the output tensor's device buffer, so nothing is copied.
 
 A failed check sends the op to the CPU (``cpu_fallback`` with its reason): through the host
 fast path for ops that have one (compute on the host views directly), else through the boxed
@@ -19,7 +20,7 @@ import torch
 from .. import _C, config, events
 from ..runtime import compiler, devices, executors
 from ..runtime.storage import device_input, host_input
-from . import checks, cuda_dtypes, fallback, results, rules
+from . import checks, cuda_dtypes, fallback, recompile_causes, results, rules
 from .attention_dropout import DROPOUT_AT, with_attention_dropout
 from .optable import OpEntry, overload
 
@@ -153,12 +154,15 @@ def make_kernel(entry: OpEntry, registered_name: str):
                tuple([(k, _sig(v, ids)) for k, v in kwargs.items()]) if kwargs else ())
         prog = _lookup(key)
         if prog is None:
+            earlier = compiler.keys_of(op_name, recompile_causes.RECENT)
             try:
                 prog = compiler.compile_op(op_name, body, key, args, kwargs, build)
             except compiler.CompileError:
                 if "compile_error" in config.live("TORCH_RBLN_DISABLE_FALLBACK"):
                     raise
                 return run_fallback("compile-error", args, kwargs, out, index)
+            if earlier:     # a recompile: say what differs from the closest program
+                recompile_causes.record(op_name, key, earlier)
         else:
             _record("warm_hit", op_name)
 

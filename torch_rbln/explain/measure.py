@@ -128,6 +128,34 @@ def _graph(before: Snapshot, after: Snapshot) -> dict | None:
                       "rows_retrieved_through": table.RETRIEVED_THROUGH}}
 
 
+def _value(text: str):
+    """A recorded before/after value as data: an int or float when it is one, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _recompile_causes(moved: dict[str, tuple[int, int]], order: dict[str, int],
+                      trace: dict[str, str]) -> list[dict]:
+    """One row per (op, argument, part, before, after) that made an op compile again, the ops in
+    ``order`` (the per-op recompile counts), then by count; ``at`` with a call site."""
+    from ..dispatch.recompile_causes import parse
+    rows = []
+    for key, (n, _) in moved.items():
+        op, argument, part, before, after = parse(key)
+        row = {"op": op, "argument": argument, "part": part, "before": _value(before),
+               "after": _value(after), "count": n}
+        if key in trace:
+            row["at"] = trace[key]
+        rows.append(row)
+    rank = {op: i for i, op in enumerate(order)}
+    rows.sort(key=lambda r: (rank.get(r["op"], len(rank)), r["op"], r["argument"], r["part"]))
+    return rows
+
+
 def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str]) -> dict:
     bounce = _delta(before, after, "bounce")
     by_site = {s: _count_bytes(bounce.get(s, (0, 0))) for s in remedies.BOUNCE_SITES}
@@ -135,6 +163,7 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
 
     fallback = _delta(before, after, "cpu_fallback")
     recompile = _delta(before, after, "recompile")
+    causes = _delta(before, after, "recompile_cause")
     dispatch = {
         "total": _sum(_delta(before, after, "dispatch"))[0],
         "cpu_fallback": _sum(fallback)[0],
@@ -166,7 +195,7 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
         "recompile_by_op": _by_count(recompile),
         "device_programs_by_op": _by_count(_delta(before, after, "device_program")),
         "cpu_fallback_reasons": _reasons(_delta(before, after, "cpu_fallback_reason")),
-        "trace_by_op": dict(trace),
+        "trace_by_op": {k: v for k, v in trace.items() if k not in causes},
         "runtime_residency": residency,
         "device_memory": device_memory(),
         "host_threads": host_threads(),
@@ -174,6 +203,8 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
     graph = _graph(before, after)
     if graph:
         d["graph"] = graph
+    if causes:
+        d["recompile_causes"] = _recompile_causes(causes, d["recompile_by_op"], trace)
     collectives = _collectives(_delta(before, after, "collective"))
     if collectives:
         d["collectives"] = collectives

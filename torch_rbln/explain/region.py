@@ -3,6 +3,8 @@
 A region reads the event stream at ``start()`` and ``stop()`` and keeps the difference. The
 counters are process-global, so only one region may be open at a time in the whole process;
 with ``with_stack=True`` a call-site recorder listens to the stream while the region is open.
+The regions the tools open around a whole run or a pytest test are not exclusive
+(``exclusive=False``): a user's region nests inside them.
 """
 
 from __future__ import annotations
@@ -29,9 +31,14 @@ class RBLNExplain:
     """One measured region of hidden host overhead. Use as a context manager, or call
     ``start()`` and ``stop()``; read ``report()``, ``verdict()``, ``dump()`` after it closed."""
 
-    def __init__(self, with_stack: bool = False, *, trace: bool | None = None):
+    def __init__(self, with_stack: bool = False, *, trace: bool | None = None,
+                 exclusive: bool = True, label: str | None = None):
         # ``trace=`` is the deprecated spelling of ``with_stack``; when given it wins
         self.with_stack = bool(with_stack if trace is None else trace)
+        # a tool's enclosing region (a whole run, a pytest test) is not exclusive: the user's
+        # own regions open inside it as if it were not there
+        self.exclusive = exclusive
+        self.label = label      # shown in the report's header (e.g. ``rank 1/2``)
         self._state = "new"        # new -> open -> closed (a closed region may be started again)
         self._dump: dict | None = None
         self._recorder: callsites.Recorder | None = None
@@ -45,10 +52,11 @@ class RBLNExplain:
     # lifecycle ----------------------------------------------------------------------------
     def start(self) -> "RBLNExplain":
         global _active
-        with _guard:
-            if _active is not None:
-                raise RuntimeError(OVERLAP)
-            _active = self
+        if self.exclusive:
+            with _guard:
+                if _active is not None:
+                    raise RuntimeError(OVERLAP)
+                _active = self
         try:
             self._dump = None
             if self.with_stack:
@@ -70,6 +78,8 @@ class RBLNExplain:
             after = events.snapshot()
             sites = self._recorder.sites if self._recorder is not None else {}
             self._dump = measure.build_dump(self._before, after, wall, sites)
+            if self.label:
+                self._dump["label"] = self.label
         finally:
             self._release()
             self._state = "closed"

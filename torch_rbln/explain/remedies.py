@@ -76,6 +76,33 @@ CAUSE_FIX = {
         "transfer; usually harmless, make the source device-resident to use the device engine",
 }
 
+# What to change for each part of a cache key that made an op compile again (``dim N`` uses
+# "dim").
+RECOMPILE_FIX = {
+    "dim": "pad or bucket {part} to a few sizes, or graph mode with dynamic shapes "
+           "(torch.compile(backend=\"rbln\", dynamic=True))",
+    "shape": "keep the number of dimensions the same on every call, or graph mode with "
+             "dynamic shapes",
+    "baked value": "pass it as a device tensor (torch.tensor(v, device=\"rbln\")): a CPU scalar's "
+              "value is baked into the program",
+    "value": "this argument is part of the program: keep it constant, or pass it as a device "
+             "tensor where the op takes one",
+    "dtype": "convert to one dtype once, before the loop",
+    "contiguity": "make the input contiguous (.contiguous()) the same way on every call",
+    "alias": "pass the same tensor twice, or two tensors, the same way on every call",
+    "kind": "call the op the same way every time (a tensor, a scalar or None in one slot)",
+    "index": "each device compiles its own programs: expected once per device",
+    "count": "call the op with the same arguments every time",
+}
+
+
+def recompile_fix(part: str) -> str:
+    """What to change when ``part`` of an argument varies between an op's compiles."""
+    if part.startswith("dim "):
+        return RECOMPILE_FIX["dim"].format(part=part)
+    return RECOMPILE_FIX.get(part, "keep the op's arguments the same on every call")
+
+
 REJECT_FIX = {
     "src_not_on_device": "establish device residency before the copy",
     "dtype_mismatch": "align the src/dst dtype",

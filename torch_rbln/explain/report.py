@@ -16,7 +16,8 @@ def render(d: dict) -> str:
     marker = "[clean]" if n == 0 else f"[overhead: {n} signal{'s' if n != 1 else ''}]"
     mem = d.get("device_memory")
     mem_part = f" | device mem {fmt.nbytes(mem['peak_bytes'])} peak, reserved" if mem else ""
-    lines = [f"{marker}  RBLN EXPLAIN   (region wall {fmt.duration(d['wall_ns'])}{mem_part})"]
+    label = f"{d['label']} | " if d.get("label") else ""
+    lines = [f"{marker}  RBLN EXPLAIN   ({label}region wall {fmt.duration(d['wall_ns'])}{mem_part})"]
     ctx = _context(d)
     if ctx:
         lines += ["", *ctx]
@@ -171,7 +172,61 @@ def _details(d: dict) -> list[str]:
     if d["recompile_by_op"]:
         out.append("  dispatch/recompile:")
         out += _op_lines(d["recompile_by_op"], trace)
+        out += _cause_lines(d.get("recompile_causes", []))
         out.append("")
+    return out
+
+
+def cause_groups(rows: list[dict]) -> list[dict]:
+    """The recompile causes grouped per op and varying part: the values the part took, how many
+    recompiles it caused and its first call site; arguments that varied alike share a group."""
+    by_arg: dict[tuple, dict] = {}
+    for r in rows:
+        g = by_arg.setdefault((r["op"], r["argument"], r["part"]),
+                              {"op": r["op"], "arguments": [r["argument"]], "part": r["part"],
+                               "values": [], "count": 0, "at": None, "changes": []})
+        for v in (r["before"], r["after"]):
+            if v not in g["values"]:
+                g["values"].append(v)
+        g["count"] += r["count"]
+        g["changes"].append((r["before"], r["after"]))
+        g["at"] = g["at"] or r.get("at")
+    merged: dict[tuple, dict] = {}
+    for g in by_arg.values():
+        same = (g["op"], g["part"], tuple(sorted(map(str, g["values"]))), g["count"])
+        if same in merged:
+            merged[same]["arguments"] += g["arguments"]
+        else:
+            merged[same] = g
+    return sorted(merged.values(), key=lambda g: -g["count"])
+
+
+def _took(g: dict) -> str:
+    vals = g["values"]
+    if len(g["changes"]) == 1:
+        before, after = g["changes"][0]
+        return f"{before} -> {after}"
+    if all(isinstance(v, (int, float)) for v in vals):
+        return f"took {len(vals)} values in {min(vals)}..{max(vals)}"
+    shown = ", ".join(map(str, vals[:4])) + (f", +{len(vals) - 4} more" if len(vals) > 4 else "")
+    return f"took {len(vals)} values: {shown}"
+
+
+def _cause_lines(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    groups = cause_groups(rows)
+    out = ["    why (what differs from the op's closest earlier program):"]
+    for g in groups[:MAX_OPS]:
+        args = ", ".join(g["arguments"])
+        times = f"{fmt.count(g['count'])} recompile{'s' if g['count'] != 1 else ''}"
+        line = f"      {g['op']}  {args} {g['part']}: {_took(g)} ({times})"
+        if g["at"]:
+            line += f"  at {fmt.short_stack(g['at'])}"
+        out.append(line)
+        out.append(f"        fix: {remedies.recompile_fix(g['part'])}")
+    if len(groups) > MAX_OPS:
+        out.append(f"      +{len(groups) - MAX_OPS} more")
     return out
 
 

@@ -1,8 +1,8 @@
 """Call-site capture for ``explain(with_stack=True)``.
 
 A listener on the event stream, attached only while such a region is open (so a plain region
-and code outside regions pay nothing). The first time an op falls back or compiles, and the
-first time each bounce site fires, it records the user's call site: the innermost user frames
+and code outside regions pay nothing). The first time an op falls back or compiles, the
+first time each bounce site fires and each recompile cause is seen, it records the user's call site: the innermost user frames
 (``user_frames.py``).
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from ..user_frames import call_site
 
-# event kinds whose key gets a call site (op names for the first two, bounce site keys last)
-TRACED = frozenset(("cpu_fallback", "recompile", "bounce"))
+# event kinds whose key gets a call site (op names for the first two, bounce site keys, and
+# each distinct recompile cause)
+TRACED = frozenset(("cpu_fallback", "recompile", "bounce", "recompile_cause"))
 DEPTH = 3   # user frames per site, innermost first
 
 

@@ -80,6 +80,8 @@ class Program:
 
 
 _cache: dict = {}
+# op -> its keys in _cache, oldest first: what a recompile of the op is compared against
+_keys_by_op: dict[str, list] = {}
 _lock = threading.Lock()
 
 
@@ -87,11 +89,19 @@ _lock = threading.Lock()
 def clear_cache() -> None:
     with _lock:
         _cache.clear()
+        _keys_by_op.clear()
         _C.warm_clear()     # the native warm path's keys stand for programs of this cache
 
 
 def cache_size() -> int:
     return len(_cache)
+
+
+def keys_of(op_name: str, last: int | None = None) -> list:
+    """The keys ``op_name`` has programs for, oldest first (a copy; the ``last`` ones only)."""
+    with _lock:
+        keys = _keys_by_op.get(op_name, ())
+        return list(keys[-last:] if last else keys)
 
 
 # -------------------------------------------------------------------------------------------
@@ -232,6 +242,8 @@ def compile_op(op_name: str, body, key, args, kwargs, build) -> Program:
     prog = Program(op_name, key, prims, out_meta, build(out_meta))
     prog.compile_ns = time.perf_counter_ns() - t0
     with _lock:
+        if key not in _cache:
+            _keys_by_op.setdefault(op_name, []).append(key)
         _cache[key] = prog
     _record("recompile", op_name, prog.compile_ns)
     return prog
