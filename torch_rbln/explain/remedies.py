@@ -96,7 +96,7 @@ RECOMPILE_FIX = {
 }
 
 
-def recompile_fix(part: str) -> str:
+def recompile_cause_fix(part: str) -> str:
     """What to change when ``part`` of an argument varies between an op's compiles."""
     if part.startswith("dim "):
         return RECOMPILE_FIX["dim"].format(part=part)

@@ -224,7 +224,7 @@ def _cause_lines(rows: list[dict]) -> list[str]:
         if g["at"]:
             line += f"  at {fmt.short_stack(g['at'])}"
         out.append(line)
-        out.append(f"        fix: {remedies.recompile_fix(g['part'])}")
+        out.append(f"        fix: {remedies.recompile_cause_fix(g['part'])}")
     if len(groups) > MAX_OPS:
         out.append(f"      +{len(groups) - MAX_OPS} more")
     return out
