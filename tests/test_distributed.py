@@ -163,6 +163,24 @@ print(json.dumps([created, committed, list(devices.plan().visible)]))
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True, [1]]
 
 
+def test_a_subgroup_is_destroyed_by_name():
+    # c10d names each group at creation and unregisters it by that name when it is destroyed
+    # (vLLM destroys its tensor-parallel groups one by one at shutdown)
+    r = run_code("""
+import torch, torch.distributed as dist
+dist.init_process_group("rbln-ccl", store=dist.HashStore(), rank=0, world_size=1)
+g = dist.new_group([0], backend="rbln-ccl")
+x = torch.ones(4, dtype=torch.float16, device="rbln")
+dist.all_reduce(x, group=g)
+name = g.group_name
+dist.destroy_process_group(g)
+dist.destroy_process_group()
+print(name)
+""")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "1"          # c10d's name of the first group after WORLD
+
+
 def test_a_second_process_on_a_claimed_npu_is_warned():
     torch.ones(1, device="rbln")               # this process holds NPU 0
     r = run_code("""

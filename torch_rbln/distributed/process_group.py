@@ -65,6 +65,16 @@ class ProcessGroupRBLN(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "rbln-ccl"
 
+    # c10d names every group (``_set_group_name`` at creation, ``group_name`` when
+    # ``destroy_process_group(group)`` unregisters it); the C++ ProcessGroup keeps the name in
+    # its backends, and a Python group has none, so the name is kept here
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_name", self._group)
+
     def _set_sequence_number_for_group(self) -> None:
         self._gloo._set_sequence_number_for_group()
         self._seq = self._gloo._get_sequence_number_for_group()
