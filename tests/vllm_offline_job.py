@@ -9,13 +9,15 @@ SPEC: {"engines": [{"name", "model", "eager", "tp", "pp", "explain_decode", "run
 log-probability}] per step} per prompt]}, "<engine>.explain": report, "<engine>.runner": streams,
 events, generators, "<engine>.tp": per-worker memory and explain}; an ``expect_error`` engine
 gives {"type", "message"} of the error its construction raised (None if none), a
-``kill_worker`` engine what generate raised after that worker was killed.
+``kill_worker`` engine, under "<engine>.kill", what generate raised after that worker was
+killed (the engine's last use).
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import random
 import sys
 
@@ -46,6 +48,8 @@ def main(spec_path: str, out_path: str) -> None:
     for e in spec["engines"]:
         if e.get("expect_error"):
             # a configuration the engine must refuse: the error's type and message
+            saved = {k: os.environ.get(k) for k in e.get("env", {})}
+            os.environ.update(e.get("env", {}))
             try:
                 LLM(model=e["model"], dtype="float16", max_model_len=512, seed=0,
                     kv_cache_memory_bytes=32 << 20, enforce_eager=True,
@@ -53,15 +57,16 @@ def main(spec_path: str, out_path: str) -> None:
                 out[e["name"]] = None
             except Exception as err:
                 out[e["name"]] = {"type": type(err).__name__, "message": str(err)}
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
             continue
         llm = LLM(model=e["model"], dtype="float16", max_model_len=512, seed=0,
                   kv_cache_memory_bytes=32 << 20, enforce_eager=e["eager"],
                   tensor_parallel_size=e.get("tp", 1), pipeline_parallel_size=e.get("pp", 1))
-        if e.get("kill_worker") is not None:
-            out[e["name"]] = kill_worker(llm, e["kill_worker"], spec)
-            del llm
-            gc.collect()
-            continue
         res = out[e["name"]] = {}
         for batch, length in spec["cases"]:
             got = llm.generate([{"prompt_token_ids": p}
@@ -75,11 +80,7 @@ def main(spec_path: str, out_path: str) -> None:
         if e.get("explain_decode") and hasattr(torch, "rbln"):
             # one decode step of a batch of 2, after its prefill and a first decode step
             eng = llm.llm_engine
-            for i in range(2):
-                eng.add_request(f"x{i}", {"prompt_token_ids": prompts(2, 64, spec["vocab"])[i]},
-                                SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-            eng.step()
-            eng.step()
+            _decode_batch(eng, spec)
             from torch_rbln import events
             before = events.snapshot()
             with torch.rbln.explain() as p:
@@ -93,6 +94,8 @@ def main(spec_path: str, out_path: str) -> None:
                 eng.step()
             out[e["name"] + ".explain"] = p.dump()
             out[e["name"] + ".report"] = p.report()
+        if e.get("kill_worker") is not None:
+            out[e["name"] + ".kill"] = kill_worker(llm, e["kill_worker"], spec)
         del llm
         gc.collect()
     json.dump(out, open(out_path, "w"), default=str)
@@ -111,7 +114,6 @@ def _decode_batch(eng, spec: dict) -> None:
 def tp_info(llm, spec: dict) -> dict:
     """Per worker (one per rank and NPU): its device, NPUs and memory, and the explain report of
     one decode step of a batch of 2, taken in the worker (the step runs there)."""
-    import os
     eng = llm.llm_engine
     _decode_batch(eng, spec)
     llm.collective_rpc("rbln_explain_start")
@@ -129,7 +131,6 @@ def tp_info(llm, spec: dict) -> dict:
 def kill_worker(llm, rank: int, spec: dict) -> dict:
     """Generate once, SIGKILL the worker of ``rank``, generate again: the error that second call
     raises (the engine must not wait forever for the dead worker) and how long it took."""
-    import os
     import signal
     import time
     from vllm import SamplingParams

@@ -92,8 +92,11 @@ class RblnWorker(Worker):
 
     def determine_available_memory(self) -> int:
         explicit = self.cache_config.kv_cache_memory_bytes
-        if explicit and self.compilation_config.mode == CompilationMode.NONE:
-            # eager with an explicit size: no graph to trace and nothing to measure
+        if (explicit and self.compilation_config.mode == CompilationMode.NONE
+                and self.parallel_config.pipeline_parallel_size == 1):
+            # eager with an explicit size: no graph to trace and nothing to measure (a later
+            # pipeline stage still needs the profiling run: it makes the buffers the previous
+            # stage's hidden states are received into)
             logger.info("rbln: KV cache %s GiB (--kv-cache-memory-bytes)", format_gib(explicit))
             return explicit
         available = super().determine_available_memory()
