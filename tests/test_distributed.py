@@ -28,7 +28,7 @@ from conftest import EXAMPLES, clean_env, run_code
 WORKER = Path(__file__).with_name("distributed_worker.py")
 OPS = ["broadcast", "all_reduce", "all_gather", "all_gather_into_tensor",
        "all_gather_into_tensor_coalesced", "all_gather_coalesced", "reduce_scatter",
-       "reduce_scatter_tensor", "scatter", "send_recv"]
+       "reduce_scatter_tensor", "scatter", "send_recv", "isend_irecv_back_to_back"]
 DTYPES = ["float16", "bfloat16", "float32", "int64"]
 STATES = ["host", "device", "view", "strided"]
 REDUCTIONS = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor"}
