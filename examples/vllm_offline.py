@@ -72,14 +72,14 @@ def main() -> None:
         eng.add_request(f"explain-{i}", prompt, greedy)
     eng.step()
     eng.step()
+    for m in llm.collective_rpc("rbln_memory"):     # asks each worker (one per NPU)
+        print(f"rank {m['rank']}: {m['device']} = NPU {m['npus']}, "
+              f"{m['allocated'] / 2**20:.2f} MiB allocated")
     if a.tensor_parallel_size == 1:
         with torch.rbln.explain() as report:
             eng.step()
         reports = [report.report()]
     else:
-        for m in llm.collective_rpc("rbln_memory"):
-            print(f"rank {m['rank']}: {m['device']} = NPU {m['npus']}, "
-                  f"{m['allocated'] / 2**20:.2f} MiB allocated")
         llm.collective_rpc("rbln_explain_start")      # the step runs in the workers
         eng.step()
         reports = [r["report"] for r in llm.collective_rpc("rbln_explain_stop")]

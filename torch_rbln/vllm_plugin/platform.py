@@ -191,7 +191,7 @@ def check_parallel(parallel) -> None:
     n, tp, pp = parallel.world_size, parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     have = torch.rbln.device_count()
     if n > have:
-        from torch_rbln.runtime import devices
+        from ..runtime import devices
         host = devices.host()
         raise ValueError(
             f"rbln: tensor_parallel_size={tp} x pipeline_parallel_size={pp} needs {n} rbln "
