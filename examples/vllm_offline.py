@@ -3,6 +3,7 @@
     pip install -e '.[vllm]'                 # see the README section "vLLM on rbln"
     python examples/vllm_offline.py          # builds a small local Llama first (no download)
     python examples/vllm_offline.py --model /path/to/Llama-3.2-1B --compile
+    TORCH_RBLN_VIRTUAL_NPUS=2 python examples/vllm_offline.py --tensor-parallel-size 2
 
 The rbln platform plugin is picked up by vLLM through its entry point; nothing in this script
 names the device. ``VLLM_TARGET_DEVICE=cpu python examples/vllm_offline.py`` runs the same
@@ -18,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-# one process: the engine core and the worker run here, so explain() sees the device work
+# one process: the engine core (and, at TP=1, the worker) run here, so explain() sees the
+# device work; with tensor parallelism each worker is a process of its own, and the script asks
+# the workers for their memory and explain reports through LLM.collective_rpc
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 PROMPTS = ["the quick device reads the cache", "a small model runs on the host",
@@ -31,6 +34,8 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="let vLLM compile the model (torch.compile with the rbln backend)")
     p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="one worker per rbln device (TORCH_RBLN_VIRTUAL_NPUS emulates several)")
     a = p.parse_args()
 
     model = a.model
@@ -45,14 +50,17 @@ def main() -> None:
 
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype="float16", max_model_len=512, seed=0,
-              kv_cache_memory_bytes=64 << 20, enforce_eager=not a.compile)
+              kv_cache_memory_bytes=64 << 20, enforce_eager=not a.compile,
+              tensor_parallel_size=a.tensor_parallel_size)
     print(f"platform: {type(current_platform).__name__} (device {current_platform.device_type}); "
           f"engine ready in {time.perf_counter() - t0:.1f} s")
 
     greedy = SamplingParams(temperature=0, max_tokens=a.max_tokens)
     t0 = time.perf_counter()
     outs = llm.generate(PROMPTS, greedy, use_tqdm=False)
-    print(f"generated {len(outs)} x {a.max_tokens} tokens in {time.perf_counter() - t0:.2f} s")
+    dt = time.perf_counter() - t0
+    print(f"generated {len(outs)} x {a.max_tokens} tokens in {dt:.2f} s "
+          f"({len(outs) * a.max_tokens / dt:.1f} tokens/s)")
     for o in outs:
         print(f"  {o.prompt!r} -> {o.outputs[0].text!r} {list(o.outputs[0].token_ids)}")
 
@@ -64,12 +72,24 @@ def main() -> None:
         eng.add_request(f"explain-{i}", prompt, greedy)
     eng.step()
     eng.step()
-    with torch.rbln.explain() as report:
+    for m in llm.collective_rpc("rbln_memory"):     # asks each worker (one per NPU)
+        print(f"rank {m['rank']}: {m['device']} = NPU {m['npus']}, "
+              f"{m['allocated'] / 2**20:.2f} MiB allocated")
+    if a.tensor_parallel_size == 1:
+        with torch.rbln.explain() as report:
+            eng.step()
+        reports = [report.report()]
+    else:
+        llm.collective_rpc("rbln_explain_start")      # the step runs in the workers
         eng.step()
+        reports = [r["report"] for r in llm.collective_rpc("rbln_explain_stop")]
     while eng.has_unfinished_requests():
         eng.step()
     print("\nexplain, one decode step (batch 2):")
-    print(report.report())
+    for i, r in enumerate(reports):
+        if len(reports) > 1:
+            print(f"rank {i}:")
+        print(r)
 
 
 if __name__ == "__main__":

@@ -209,9 +209,29 @@ def op_cases(gloo):
         ring(v.clone(), ref, gloo)
         return [got], [ref]
 
+    def isend_irecv_back_to_back(dtype, st):
+        # two tensors of different sizes in flight from one peer (as vLLM's pipeline stages send
+        # hidden states and residual): both receives posted before either is waited on, and
+        # waited in reverse order; then the sends
+        a, b = values(dtype, 41), values(dtype, 42, rows=2 * ROWS)
+        nxt, prv = (RANK + 1) % W, (RANK - 1) % W
+
+        def ring(xs, outs, group):
+            recvs = [dist.irecv(o, prv, group=group) for o in outs]
+            sends = [dist.isend(x, nxt, group=group) for x in xs]
+            for w in reversed(recvs):
+                w.wait()
+            for w in sends:
+                w.wait()
+        got = [out_like(a, st), out_like(b, st)]
+        ring([make(a, st), make(b, st)], got, None)
+        ref = [torch.empty_like(a), torch.empty_like(b)]
+        ring([a.clone(), b.clone()], ref, gloo)
+        return got, ref
+
     return [broadcast, all_reduce, all_gather, all_gather_into_tensor,
             all_gather_into_tensor_coalesced, all_gather_coalesced, reduce_scatter,
-            reduce_scatter_tensor, scatter, send_recv]
+            reduce_scatter_tensor, scatter, send_recv, isend_irecv_back_to_back]
 
 
 def check_ops(gloo, states, dtypes) -> list:

@@ -28,7 +28,7 @@ from conftest import EXAMPLES, clean_env, run_code
 WORKER = Path(__file__).with_name("distributed_worker.py")
 OPS = ["broadcast", "all_reduce", "all_gather", "all_gather_into_tensor",
        "all_gather_into_tensor_coalesced", "all_gather_coalesced", "reduce_scatter",
-       "reduce_scatter_tensor", "scatter", "send_recv"]
+       "reduce_scatter_tensor", "scatter", "send_recv", "isend_irecv_back_to_back"]
 DTYPES = ["float16", "bfloat16", "float32", "int64"]
 STATES = ["host", "device", "view", "strided"]
 REDUCTIONS = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor"}
@@ -161,6 +161,24 @@ print(json.dumps([created, committed, list(devices.plan().visible)]))
 """, env={"TORCH_RBLN_VIRTUAL_NPUS": "2"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True, [1]]
+
+
+def test_a_subgroup_is_destroyed_by_name():
+    # c10d names each group at creation and unregisters it by that name when it is destroyed
+    # (vLLM destroys its tensor-parallel groups one by one at shutdown)
+    r = run_code("""
+import torch, torch.distributed as dist
+dist.init_process_group("rbln-ccl", store=dist.HashStore(), rank=0, world_size=1)
+g = dist.new_group([0], backend="rbln-ccl")
+x = torch.ones(4, dtype=torch.float16, device="rbln")
+dist.all_reduce(x, group=g)
+name = g.group_name
+dist.destroy_process_group(g)
+dist.destroy_process_group()
+print(name)
+""")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == "1"          # c10d's name of the first group after WORLD
 
 
 def test_a_second_process_on_a_claimed_npu_is_warned():

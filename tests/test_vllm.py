@@ -194,6 +194,101 @@ def test_rbln_platform_is_active_and_cpu_reference_is_cpu(offline):
 
 
 # ------------------------------------------------------------------------------------------
+# tensor parallelism: one worker process per rbln device, collectives over rbln-ccl
+
+TP_NPUS = 4         # the virtual host of the tensor-parallel job
+
+
+@pytest.fixture(scope="module")
+def offline_tp(models, tmp_path_factory):
+    """One process on a virtual host of 4 NPUs: Llama at TP=2 and TP=4, Qwen2 at TP=2 (both
+    models have 4 attention heads and 2 KV heads: at TP=4 each KV head serves two workers),
+    Llama in 2 pipeline stages, the configurations the engine must refuse, and a TP=2 engine
+    whose worker is killed."""
+    d = tmp_path_factory.mktemp("vllm_tp")
+    engines = [dict(name="llama-tp4", model=models["llama"], eager=True, tp=4),
+               dict(name="qwen2-tp2", model=models["qwen2"], eager=True, tp=2),
+               dict(name="llama-pp2", model=models["llama"], eager=True, pp=2),
+               dict(name="tp-heads", model=models["llama"], tp=3, expect_error=True),
+               dict(name="tp-npus", model=models["llama"], tp=4, expect_error=True,
+                    env={"RBLN_VISIBLE_DEVICES": "0,1"}),
+               dict(name="llama-tp2", model=models["llama"], eager=True, tp=2, tp_info=True,
+                    kill_worker=1)]
+    spec = d / "spec.json"
+    spec.write_text(json.dumps(dict(engines=engines, cases=CASES, max_tokens=MAX_TOKENS,
+                                    top_logprobs=TOP_LOGPROBS, vocab=512)))
+    env = _env("rbln")
+    env["TORCH_RBLN_VIRTUAL_NPUS"] = str(TP_NPUS)
+    with open(d / "log", "w") as log:
+        p = subprocess.Popen([sys.executable, str(HERE / "vllm_offline_job.py"), str(spec),
+                              str(d / "out.json")], env=env, stdout=log,
+                             stderr=subprocess.STDOUT, cwd=d)
+        try:
+            rc = p.wait(timeout=2 * STARTUP_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise
+    log = (d / "log").read_text()
+    assert rc == 0, f"tensor-parallel job failed ({rc}):\n{log[-6000:]}"
+    out = json.loads((d / "out.json").read_text())
+    out["log"] = log
+    return out
+
+
+@needs_vllm
+@pytest.mark.parametrize("case", [f"{b}x{n}" for b, n in CASES])
+@pytest.mark.parametrize("engine,reference", [("llama-tp2", "llama"), ("llama-tp4", "llama"),
+                                              ("qwen2-tp2", "qwen2"), ("llama-pp2", "llama")])
+def test_tensor_parallel_equals_one_npu_and_vllm_cpu(offline_tp, offline, engine, reference,
+                                                     case):
+    got = offline_tp[engine][case]
+    assert len(got) == int(case.split("x")[0])
+    assert_greedy_agrees(got, offline["rbln"][reference][case])      # TP=1 on rbln
+    assert_greedy_agrees(got, offline["cpu"][reference][case])       # vLLM on the CPU
+
+
+@needs_vllm
+def test_tensor_parallel_workers_own_one_npu_each_and_reduce_on_device(offline_tp):
+    info = offline_tp["llama-tp2.tp"]
+    assert info["pid"] not in info["worker_pids"] and len(set(info["worker_pids"])) == 2
+    mem = sorted(info["memory"], key=lambda m: m["rank"])
+    # each worker sees its own NPU as rbln:0, as a torchrun rank does
+    assert [(m["rank"], m["device"], m["npus"]) for m in mem] == [(0, "rbln:0", [0]),
+                                                                  (1, "rbln:0", [1])]
+    assert all(m["allocated"] > 32 << 20 for m in mem), mem      # its KV cache and weights
+    assert "already in use" not in offline_tp["log"]                # no NPU claimed twice
+    # one decode step, per worker: an all-reduce after attention and after the MLP of each of
+    # the 2 layers, one for the vocabulary-parallel embedding, an all-gather of the logits;
+    # all in float16 on the device
+    for x in info["explain"]:
+        c = x["collectives"]
+        assert set(c) == {"device"}, x["report"]
+        assert c["device"]["by_op"] == {"all_reduce": 5, "all_gather_into_tensor": 1}, c
+        assert "collectives on device: 6" in x["report"], x["report"]
+
+
+@needs_vllm
+def test_tensor_parallel_refusals_name_the_fix(offline_tp):
+    heads = offline_tp["tp-heads"]
+    assert heads is not None, "TP=3 of a model with 4 heads was accepted"
+    assert "attention heads (4) must be divisible by tensor parallel size (3)" in heads["message"]
+    npus = offline_tp["tp-npus"]
+    assert npus is not None, "TP=4 with 2 visible NPUs was accepted"
+    assert "needs 4 rbln devices (one per worker), but this process sees 2" in npus["message"]
+    assert "TORCH_RBLN_VIRTUAL_NPUS" in npus["message"] and "RBLN_DEVICES" in npus["message"]
+
+
+@needs_vllm
+def test_a_dead_worker_ends_generation_with_an_error(offline_tp):
+    k = offline_tp["llama-tp2.kill"]
+    assert k["first"] and all(len(t) == 4 for t in k["first"])
+    assert k["error"] is not None, "generate after a worker was killed returned"
+    assert k["seconds"] < 120, k                       # the engine noticed, it did not hang
+    # vLLM's executor watches its workers and shuts down when one dies, naming it
+    assert "Worker proc VllmWorker-1 died unexpectedly (exit code: -9)" in offline_tp["log"], k
+
+
+# ------------------------------------------------------------------------------------------
 # the OpenAI-compatible server: `vllm serve` on rbln, vLLM's CPU server as the reference
 
 PROMPTS = [f"the {w} device reads the cache and then" for w in
@@ -236,13 +331,19 @@ def servers(models, tmp_path_factory):
         "rbln": [vllm_cli, "serve", model],
         # the reference: the same server on vLLM's CPU platform
         "cpu": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model],
+        # two workers, one per NPU of a virtual host of 2 (NPUs of its own: a runtime dir apart
+        # from the one-NPU server's)
+        "rbln-tp2": [vllm_cli, "serve", model, "--tensor-parallel-size", "2"],
     }
     procs, ports, logs = {}, {}, {}
     for device, cmd in cmds.items():
         ports[device] = _free_port()
         logs[device] = d / f"{device}.log"
+        env = _env(device)
+        if device == "rbln-tp2":
+            env.update(TORCH_RBLN_VIRTUAL_NPUS="2", XDG_RUNTIME_DIR=str(d / "tp2-runtime"))
         procs[device] = subprocess.Popen(cmd + args + ["--port", str(ports[device])],
-                                         env=_env(device), stdout=open(logs[device], "w"),
+                                         env=env, stdout=open(logs[device], "w"),
                                          stderr=subprocess.STDOUT, cwd=d)
     try:
         deadline = time.monotonic() + STARTUP_S
@@ -295,6 +396,15 @@ def _texts_agree(got: list[dict], want: list[dict]) -> None:
 def test_server_concurrent_completions_equal_cpu_server(servers):
     ports, model = servers["ports"], servers["model"]
     got = _completions(ports["rbln"], model, PROMPTS)        # 8 requests at once
+    want = _completions(ports["cpu"], model, PROMPTS)
+    assert_greedy_agrees(got, want)
+    _texts_agree(got, want)
+
+
+@needs_vllm
+def test_tensor_parallel_server_concurrent_completions_equal_cpu_server(servers):
+    ports, model = servers["ports"], servers["model"]
+    got = _completions(ports["rbln-tp2"], model, PROMPTS)    # 8 requests at once, TP=2
     want = _completions(ports["cpu"], model, PROMPTS)
     assert_greedy_agrees(got, want)
     _texts_agree(got, want)

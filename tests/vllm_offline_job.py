@@ -3,16 +3,21 @@ with VLLM_TARGET_DEVICE=cpu): several engines one after another, all cases of ea
 
     python vllm_offline_job.py SPEC.json OUT.json
 
-SPEC: {"engines": [{"name", "model", "eager", "explain_decode", "runner_info"}], "cases":
-[[batch, prompt_len]], "max_tokens", "top_logprobs", "vocab"}. OUT: {engine name: {"B x L":
-[{"tokens": [ids], "top": [{id: log-probability}] per step} per prompt]}, "<engine>.explain":
-report, "<engine>.runner": streams, events, generators}.
+SPEC: {"engines": [{"name", "model", "eager", "tp", "pp", "explain_decode", "runner_info",
+"tp_info", "expect_error", "kill_worker"}], "cases": [[batch, prompt_len]], "max_tokens",
+"top_logprobs", "vocab"}. OUT: {engine name: {"B x L": [{"tokens": [ids], "top": [{id:
+log-probability}] per step} per prompt]}, "<engine>.explain": report, "<engine>.runner": streams,
+events, generators, "<engine>.tp": per-worker memory and explain}; an ``expect_error`` engine
+gives {"type", "message"} of the error its construction raised (None if none), a
+``kill_worker`` engine, under "<engine>.kill", what generate raised after that worker was
+killed (the engine's last use).
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import random
 import sys
 
@@ -41,8 +46,27 @@ def main(spec_path: str, out_path: str) -> None:
                         logprobs=spec["top_logprobs"])
     out = {"platform": [type(platform).__name__, platform.device_type, platform.dispatch_key]}
     for e in spec["engines"]:
+        if e.get("expect_error"):
+            # a configuration the engine must refuse: the error's type and message
+            saved = {k: os.environ.get(k) for k in e.get("env", {})}
+            os.environ.update(e.get("env", {}))
+            try:
+                LLM(model=e["model"], dtype="float16", max_model_len=512, seed=0,
+                    kv_cache_memory_bytes=32 << 20, enforce_eager=True,
+                    tensor_parallel_size=e.get("tp", 1), pipeline_parallel_size=e.get("pp", 1))
+                out[e["name"]] = None
+            except Exception as err:
+                out[e["name"]] = {"type": type(err).__name__, "message": str(err)}
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            continue
         llm = LLM(model=e["model"], dtype="float16", max_model_len=512, seed=0,
-                  kv_cache_memory_bytes=32 << 20, enforce_eager=e["eager"])
+                  kv_cache_memory_bytes=32 << 20, enforce_eager=e["eager"],
+                  tensor_parallel_size=e.get("tp", 1), pipeline_parallel_size=e.get("pp", 1))
         res = out[e["name"]] = {}
         for batch, length in spec["cases"]:
             got = llm.generate([{"prompt_token_ids": p}
@@ -51,14 +75,12 @@ def main(spec_path: str, out_path: str) -> None:
             res[f"{batch}x{length}"] = [sequence(o.outputs[0]) for o in got]
         if e.get("runner_info"):
             out[e["name"] + ".runner"] = runner_info(llm, spec)
+        if e.get("tp_info"):
+            out[e["name"] + ".tp"] = tp_info(llm, spec)
         if e.get("explain_decode") and hasattr(torch, "rbln"):
             # one decode step of a batch of 2, after its prefill and a first decode step
             eng = llm.llm_engine
-            for i in range(2):
-                eng.add_request(f"x{i}", {"prompt_token_ids": prompts(2, 64, spec["vocab"])[i]},
-                                SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-            eng.step()
-            eng.step()
+            _decode_batch(eng, spec)
             from torch_rbln import events
             before = events.snapshot()
             with torch.rbln.explain() as p:
@@ -72,9 +94,58 @@ def main(spec_path: str, out_path: str) -> None:
                 eng.step()
             out[e["name"] + ".explain"] = p.dump()
             out[e["name"] + ".report"] = p.report()
+        if e.get("kill_worker") is not None:
+            out[e["name"] + ".kill"] = kill_worker(llm, e["kill_worker"], spec)
         del llm
         gc.collect()
     json.dump(out, open(out_path, "w"), default=str)
+
+
+def _decode_batch(eng, spec: dict) -> None:
+    """A batch of 2 requests through its prefill and a first decode step."""
+    from vllm import SamplingParams
+    for i in range(2):
+        eng.add_request(f"x{i}", {"prompt_token_ids": prompts(2, 64, spec["vocab"])[i]},
+                        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    eng.step()
+    eng.step()
+
+
+def tp_info(llm, spec: dict) -> dict:
+    """Per worker (one per rank and NPU): its device, NPUs and memory, and the explain report of
+    one decode step of a batch of 2, taken in the worker (the step runs there)."""
+    eng = llm.llm_engine
+    _decode_batch(eng, spec)
+    llm.collective_rpc("rbln_explain_start")
+    eng.step()
+    explains = llm.collective_rpc("rbln_explain_stop")
+    while eng.has_unfinished_requests():
+        eng.step()
+    ex = eng.engine_core.engine_core.model_executor
+    return {"memory": llm.collective_rpc("rbln_memory"),
+            "explain": [{"rank": x["rank"], "report": x["report"],
+                         "collectives": x["dump"].get("collectives", {})} for x in explains],
+            "worker_pids": [w.proc.pid for w in ex.workers], "pid": os.getpid()}
+
+
+def kill_worker(llm, rank: int, spec: dict) -> dict:
+    """Generate once, SIGKILL the worker of ``rank``, generate again: the error that second call
+    raises (the engine must not wait forever for the dead worker) and how long it took."""
+    import signal
+    import time
+    from vllm import SamplingParams
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    ps = [{"prompt_token_ids": p} for p in prompts(2, 16, spec["vocab"])]
+    first = [list(o.outputs[0].token_ids) for o in llm.generate(ps, sp, use_tqdm=False)]
+    workers = llm.llm_engine.engine_core.engine_core.model_executor.workers
+    os.kill(workers[rank].proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        llm.generate(ps, sp, use_tqdm=False)
+        err = None
+    except Exception as e:
+        err = {"type": type(e).__name__, "message": str(e)}
+    return {"first": first, "error": err, "seconds": time.monotonic() - t0}
 
 
 def runner_info(llm, spec: dict) -> dict:

@@ -330,7 +330,7 @@ PRIVATE: tuple[Hook, ...] = (
     # Python ProcessGroup route
     *(Hook(f"torch.distributed.ProcessGroup.{name}", "the rbln-ccl process group")
       for name in ("_allgather_base", "_reduce_scatter_base", "_get_sequence_number_for_group",
-                   "_set_sequence_number_for_group")),
+                   "_set_sequence_number_for_group", "_set_group_name")),
 )
 
 

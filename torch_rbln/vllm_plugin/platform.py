@@ -14,8 +14,9 @@ Triton kernels) and on vllm-ascend (a PrivateUse1 device out of tree). Choices, 
   has pinned memory; see ``is_pin_memory_available``);
 * async scheduling as vLLM decides it (on by default): the runner's output copies overlap on
   an rbln stream and are synchronised with rbln events (see ``model_runner.py``);
-* collectives through gloo: one device per worker needs none, and the CPU process group is
-  what vLLM's CPU platform uses too.
+* tensor parallelism as on vLLM's CPU platform: vLLM's multiprocessing executor, one worker
+  per rbln device (see ``worker.py``), vLLM's process groups on ``rbln-ccl``
+  (``dist_backend``) with :class:`~.communicator.RblnCommunicator` for the device tensors.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ logger = init_logger(__name__)
 
 ATTENTION_BACKEND = "torch_rbln.vllm_plugin.attention.RblnSdpaBackend"
 WORKER = "torch_rbln.vllm_plugin.worker.RblnWorker"
+COMMUNICATOR = "torch_rbln.vllm_plugin.communicator.RblnCommunicator"
+# rbln-ccl waits 5 s (the reference's default) for the ranks of a new group unless the caller
+# gives a timeout; vLLM's workers start a process each and import vLLM first, which on a loaded
+# host takes longer than that, so groups get this timeout unless --distributed-timeout-seconds
+# sets one
+DIST_TIMEOUT_S = 300
 # vLLM names attention backends by enum member; out-of-tree ones register theirs
 register_backend("RBLN_SDPA", ATTENTION_BACKEND)
 
@@ -50,7 +57,7 @@ class RblnPlatform(Platform):
     device_name: str = "rbln"
     device_type: str = "rbln"
     dispatch_key: str = "PrivateUse1"
-    dist_backend: str = "gloo"
+    dist_backend: str = "rbln-ccl"
     device_control_env_var: str = "RBLN_DEVICES"
     # small standalone functions vLLM compiles (samplers, logprobs) use the rbln backend too
     simple_compile_backend: str = "rbln"
@@ -114,7 +121,7 @@ class RblnPlatform(Platform):
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
-        return "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator"
+        return COMMUNICATOR
 
     @classmethod
     def opaque_attention_op(cls) -> bool:
@@ -155,9 +162,9 @@ class RblnPlatform(Platform):
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER
         if parallel.world_size > 1:
-            raise NotImplementedError(
-                f"rbln: tensor/pipeline parallelism (world size {parallel.world_size}) is not "
-                "supported by this plugin; run one engine per rbln device")
+            check_parallel(parallel)
+            if parallel.distributed_timeout_seconds is None:
+                parallel.distributed_timeout_seconds = DIST_TIMEOUT_S
         if parallel.enable_dbo:
             parallel.enable_dbo = False
 
@@ -176,3 +183,19 @@ class RblnPlatform(Platform):
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         # shared-expert overlap uses CUDA streams
         os.environ["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] = "1"
+
+
+def check_parallel(parallel) -> None:
+    """Every rank of a tensor/pipeline-parallel engine needs an rbln device of its own; say how
+    to get them before vLLM starts a worker."""
+    n, tp, pp = parallel.world_size, parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    have = torch.rbln.device_count()
+    if n > have:
+        from ..runtime import devices
+        host = devices.host()
+        raise ValueError(
+            f"rbln: tensor_parallel_size={tp} x pipeline_parallel_size={pp} needs {n} rbln "
+            f"devices (one per worker), but this process sees {have} (visible NPUs "
+            f"{list(devices.visible())} of the virtual host's {host.npus}). Make {n} visible: "
+            f"TORCH_RBLN_VIRTUAL_NPUS={max(n, host.npus)} emulates that many NPUs, and "
+            "RBLN_DEVICES / RBLN_VISIBLE_DEVICES must name them; or lower tensor_parallel_size")
