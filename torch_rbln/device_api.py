@@ -69,7 +69,17 @@ def is_dummy_device() -> bool:
 
 
 def is_initialized() -> bool:
-    return _initialized or device_count() == 0
+    """Whether the device runtime is in use: the mapping is committed (a tensor was created on
+    rbln, or ``_lazy_init()`` ran) or a device was selected. PyTorch's own utilities read this
+    through ``torch.rbln._initialized`` (``torch.utils.checkpoint`` saves and restores the rbln
+    RNG only then), as they read ``torch.cuda._initialized``."""
+    return _initialized or devices.is_committed() or device_count() == 0
+
+
+def _lazy_init() -> None:
+    """Initialize the device runtime now (commit the device mapping), as
+    ``torch.cuda._lazy_init`` does; idempotent."""
+    devices.commit()
 
 
 def get_amp_supported_dtype() -> list:
