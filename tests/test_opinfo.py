@@ -22,7 +22,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from opinfo_known_failures import KNOWN, RANDOM_OPS
+from opinfo_known_failures import KNOWN, KNOWN_GRAD, RANDOM_OPS
 from torch_rbln.runtime.storage import state_of
 
 SAMPLES = 2
@@ -354,3 +354,140 @@ def _report(request):
     if path:
         with open(path, "w") as f:
             json.dump({k: dict(v) for k, v in STATS.items()}, f, indent=1)
+
+
+# ------------------------------------------------------------------------------------------
+# gradients: for each OpInfo that supports autograd, the input gradients of its samples
+# (``torch.autograd.grad`` with the same random cotangents) on rbln vs the CPU. Default: the
+# first sample of each op in float32 (a quick pass over every backward formula); ``--runslow``:
+# every sample in float16, bfloat16 and float32.
+
+GRAD_SAMPLES = 1
+GRAD_QUICK_DTYPES = (torch.float32,)
+
+
+def _grad_params():
+    out = []
+    for name, op in _ops():
+        if not op.supports_autograd or op.name in RANDOM_OPS:
+            continue
+        for dtype in DTYPES:
+            if dtype in op.supported_backward_dtypes("cpu"):
+                marks = () if dtype in GRAD_QUICK_DTYPES else (pytest.mark.slow,)
+                out.append(pytest.param(op, dtype, id=f"{name}-{str(dtype)[6:]}", marks=marks))
+    return out
+
+
+def _flat_tensors(x, out):
+    """Every tensor in a sample argument (nested lists, tuples, dicts), in order."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _flat_tensors(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _flat_tensors(v, out)
+    return out
+
+
+def _grad_leaves(x):
+    """A CPU copy of a sample argument whose copies of the tensors that require grad require
+    grad too."""
+    if isinstance(x, torch.Tensor):
+        c = _to_cpu(x)
+        return c.requires_grad_() if x.requires_grad and c.is_floating_point() or (
+            x.requires_grad and c.is_complex()) else c
+    if isinstance(x, (list, tuple)):
+        vals = [_grad_leaves(v) for v in x]
+        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
+    if isinstance(x, dict):
+        return {k: _grad_leaves(v) for k, v in x.items()}
+    return _to_cpu(x)
+
+
+def _input_grads(op, sample, inp, args, kwargs, seed, device):
+    """(differentiable-output mask, input gradients) of ``op`` on the given arguments, with
+    cotangents drawn from a CPU generator seeded ``seed`` (so both devices get the same)."""
+    inputs = [t for t in _flat_tensors((inp, args, kwargs), []) if t.requires_grad]
+    outs = _flat_tensors(sample.output_process_fn_grad(op(inp, *args, **kwargs)), [])
+    mask = [o.requires_grad for o in outs]
+    outs = [o for o in outs if o.requires_grad]
+    if not inputs or not outs:
+        return mask, None
+    gen = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(o.shape, dtype=o.dtype, generator=gen).to(device) for o in outs]
+    return mask, torch.autograd.grad(outs, inputs, cots, allow_unused=True)
+
+
+def _compare_grads(actual, expected, dtype):
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert (a is None) == (e is None), f"input {i}: gradient {a is not None}, CPU {e is not None}"
+        if e is not None:
+            atol, rtol = _tolerance(dtype)
+            torch.testing.assert_close(_cpu(a), e, atol=atol, rtol=rtol, equal_nan=True,
+                                       check_device=False, check_stride=False,
+                                       msg=lambda m, i=i: f"input {i} gradient: {m}")
+
+
+@pytest.mark.parametrize("op,dtype", _grad_params())
+def test_opinfo_grad(op, dtype, request):
+    full = request.config.getoption("--runslow") or os.environ.get("TORCH_RBLN_RUNSLOW") == "1"
+    limit = None if full else GRAD_SAMPLES
+    stats = STATS["grad-" + str(dtype)[6:]]
+    known = _known_grad(op, dtype)
+    ran, failures = 0, []
+    old = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        samples = op.sample_inputs("rbln", dtype, requires_grad=True)
+        while limit is None or ran < limit:
+            signal.alarm(SAMPLE_TIMEOUT_S)
+            try:
+                sample = next(samples)
+            except StopIteration:
+                break
+            except Exception as e:  # noqa: BLE001 - building the sample on rbln failed
+                failures.append(f"sample on rbln: {type(e).__name__}: {e}")
+                ran += 1
+                stats["ran"] += 1
+                break
+            finally:
+                signal.alarm(0)
+            try:
+                torch.manual_seed(0)
+                cpu_mask, expected = _input_grads(
+                    op, sample, _grad_leaves(sample.input), _grad_leaves(sample.args),
+                    _grad_leaves(sample.kwargs), ran, "cpu")
+            except Exception:   # noqa: BLE001 - the CPU cannot run this sample: not counted
+                continue
+            if expected is None:
+                continue        # nothing differentiable in this sample
+            ran += 1
+            stats["ran"] += 1
+            signal.alarm(SAMPLE_TIMEOUT_S)
+            try:
+                torch.manual_seed(0)
+                mask, actual = _input_grads(op, sample, sample.input, sample.args,
+                                            sample.kwargs, ran - 1, "rbln")
+                assert mask == cpu_mask, f"differentiable outputs {mask}, CPU {cpu_mask}"
+                _compare_grads(actual, expected, dtype)
+            except Exception as e:  # noqa: BLE001 - every failure is reported below
+                failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    stats["matched"] += ran - len(failures)
+    if not failures:
+        return
+    if known:
+        stats["known"] += len(failures)
+        pytest.xfail(f"known: {known}")
+    stats["new"] += len(failures)
+    pytest.fail(f"{len(failures)}/{ran} samples' gradients differ on rbln: {failures[0]}")
+
+
+def _known_grad(op, dtype):
+    name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+    return KNOWN_GRAD.get((name, str(dtype)[6:])) or KNOWN_GRAD.get((name, "*"))

@@ -146,7 +146,15 @@ def _to_rbln(x, ctx: _Ctx):
         for a, r in ctx.outs + ctx.aliases:
             if x is a:
                 return r
-        owner = ctx.by_ptr.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
+        if not x.untyped_storage().nbytes():
+            owner = None
+        elif not x.data_ptr():
+            # a storage without data: a ZeroTensor (``_efficientzerotensor``, which autograd
+            # formulas return for a gradient known to be zero, e.g. ``sgn``'s of a real input).
+            # No rbln input owns it and it holds no bytes to wrap: the rbln result is real zeros
+            return wrap_result(torch.zeros(x.shape, dtype=x.dtype), _index(ctx))
+        else:
+            owner = ctx.by_ptr.get(x.untyped_storage().data_ptr())
         if owner is not None:
             # a view of an rbln input: the same view on the rbln storage, with the same lazy
             # conjugate / negative bits, so that writes through it reach the input
