@@ -420,11 +420,20 @@ def _input_grads(op, sample, inp, args, kwargs, seed, device):
     return mask, torch.autograd.grad(outs, inputs, cots, allow_unused=True)
 
 
-def _compare_grads(actual, expected, dtype):
+def _random_sample(sample) -> bool:
+    """A sample whose result depends on random draws (attention dropout): rbln builds the mask
+    from its own generator's seed (dispatch/attention_dropout.py), so only the gradients'
+    shapes and dtypes are compared (tests/test_attention.py compares them for one mask)."""
+    return bool(sample.kwargs.get("dropout_p", 0))
+
+
+def _compare_grads(actual, expected, dtype, metadata_only=False):
     assert len(actual) == len(expected)
     for i, (a, e) in enumerate(zip(actual, expected)):
         assert (a is None) == (e is None), f"input {i}: gradient {a is not None}, CPU {e is not None}"
-        if e is not None:
+        if e is not None and metadata_only:
+            assert a.shape == e.shape and a.dtype == e.dtype, f"input {i} gradient's metadata"
+        elif e is not None:
             atol, rtol = _tolerance(dtype)
             torch.testing.assert_close(_cpu(a), e, atol=atol, rtol=rtol, equal_nan=True,
                                        check_device=False, check_stride=False,
@@ -471,7 +480,7 @@ def test_opinfo_grad(op, dtype, request):
                 mask, actual = _input_grads(op, sample, sample.input, sample.args,
                                             sample.kwargs, ran - 1, "rbln")
                 assert mask == cpu_mask, f"differentiable outputs {mask}, CPU {cpu_mask}"
-                _compare_grads(actual, expected, dtype)
+                _compare_grads(actual, expected, dtype, _random_sample(sample))
             except Exception as e:  # noqa: BLE001 - every failure is reported below
                 failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             finally:
