@@ -95,3 +95,24 @@ def test_llama_gradient_checkpointing_steps_match_the_cpu():
     torch.testing.assert_close(dev[0], cpu[0], rtol=1e-5, atol=1e-5)
     for a, b in zip(dev[1], cpu[1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoint_restores_the_generator_of_the_inputs_device():
+    """Inputs on rbln:1: the recomputation draws from rbln:1's generator as the forward did."""
+    from conftest import run_json
+    out = run_json("""
+    from torch.utils.checkpoint import checkpoint
+    x0 = torch.randn(64, 64).to("rbln:1")
+
+    def f(x):
+        return torch.nn.functional.dropout(x * 1.5, 0.5, training=True)
+
+    grads = []
+    for ckpt in (False, True):
+        torch.manual_seed(11)
+        x = x0.clone().requires_grad_()
+        (checkpoint(f, x, use_reentrant=False) if ckpt else f(x)).sum().backward()
+        grads.append(x.grad.cpu())
+    print(json.dumps({"equal": torch.equal(*grads), "dropped": bool((grads[0] == 0).any())}))
+    """, {"TORCH_RBLN_VIRTUAL_NPUS": "2"})
+    assert out == {"equal": True, "dropped": True}
