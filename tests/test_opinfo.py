@@ -339,7 +339,9 @@ def pytest_sessionfinish_report():
     for dt, s in sorted(STATS.items()):
         rate = 100.0 * s["matched"] / s["ran"] if s["ran"] else 100.0
         lines.append(f"{dt:9s} samples {s['ran']:5d}  matched {s['matched']:5d} ({rate:.2f}%)  "
-                     f"known failures {s['known']:4d}  new failures {s['new']:4d}")
+                     f"known failures {s['known']:4d}  new failures {s['new']:4d}"
+                     + (f"  (of the matched, closer to float64 than the CPU: "
+                        f"{s['closer_than_cpu']})" if s.get("closer_than_cpu") else ""))
     return lines
 
 
@@ -406,9 +408,10 @@ def _grad_leaves(x):
     return _to_cpu(x)
 
 
-def _input_grads(op, sample, inp, args, kwargs, seed, device):
+def _input_grads(op, sample, inp, args, kwargs, seed, device, draw_dtype=None):
     """(differentiable-output mask, input gradients) of ``op`` on the given arguments, with
-    cotangents drawn from a CPU generator seeded ``seed`` (so both devices get the same)."""
+    cotangents drawn from a CPU generator seeded ``seed`` (so both devices get the same;
+    ``draw_dtype``: drawn in that dtype, then converted to the output's)."""
     inputs = [t for t in _flat_tensors((inp, args, kwargs), []) if t.requires_grad]
     outs = _flat_tensors(sample.output_process_fn_grad(op(inp, *args, **kwargs)), [])
     mask = [o.requires_grad for o in outs]
@@ -416,8 +419,47 @@ def _input_grads(op, sample, inp, args, kwargs, seed, device):
     if not inputs or not outs:
         return mask, None
     gen = torch.Generator().manual_seed(seed)
-    cots = [torch.randn(o.shape, dtype=o.dtype, generator=gen).to(device) for o in outs]
+    cots = [torch.randn(o.shape, dtype=draw_dtype or o.dtype, generator=gen).to(device, o.dtype)
+            for o in outs]
     return mask, torch.autograd.grad(outs, inputs, cots, allow_unused=True)
+
+
+def _float64(x):
+    """A float64 CPU copy of a sample argument (the copies of tensors that require grad
+    require grad)."""
+    if isinstance(x, torch.Tensor):
+        c = _to_cpu(x)
+        if c.is_floating_point():
+            c = c.double().requires_grad_(x.requires_grad)
+        return c
+    if isinstance(x, (list, tuple)):
+        vals = [_float64(v) for v in x]
+        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
+    if isinstance(x, dict):
+        return {k: _float64(v) for k, v in x.items()}
+    return _to_cpu(x)
+
+
+def _closer_to_float64(op, sample, seed, actual, expected, dtype) -> bool:
+    """Half-precision gradients that differ from the CPU's: rbln's are accepted when they are
+    at least as close to the float64 gradients (same inputs, same cotangents) as the CPU's are.
+    rbln's multi-step programs (SDPA backward, linear_backward) round once where the CPU's half
+    kernels round between steps (README "NPU numerics and tolerances")."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return False
+    try:
+        _, ref = _input_grads(op, sample, _float64(sample.input), _float64(sample.args),
+                              _float64(sample.kwargs), seed, "cpu", draw_dtype=dtype)
+    except Exception:   # noqa: BLE001 - no float64 reference: the mismatch stands
+        return False
+    for a, e, r in zip(actual, expected, ref):
+        if r is None or a is None or e is None:
+            continue
+        err_rbln = (_cpu(a).double() - r).abs().nan_to_num(0).max()
+        err_cpu = (e.double() - r).abs().nan_to_num(0).max()
+        if err_rbln > err_cpu:
+            return False
+    return True
 
 
 def _random_sample(sample) -> bool:
@@ -480,7 +522,12 @@ def test_opinfo_grad(op, dtype, request):
                 mask, actual = _input_grads(op, sample, sample.input, sample.args,
                                             sample.kwargs, ran - 1, "rbln")
                 assert mask == cpu_mask, f"differentiable outputs {mask}, CPU {cpu_mask}"
-                _compare_grads(actual, expected, dtype, _random_sample(sample))
+                try:
+                    _compare_grads(actual, expected, dtype, _random_sample(sample))
+                except AssertionError:
+                    if not _closer_to_float64(op, sample, ran - 1, actual, expected, dtype):
+                        raise
+                    stats["closer_than_cpu"] += 1
             except Exception as e:  # noqa: BLE001 - every failure is reported below
                 failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             finally:
