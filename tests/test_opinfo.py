@@ -9,6 +9,8 @@ A mismatch fails unless ``opinfo_known_failures.KNOWN`` lists it with a reason; 
 warning on rbln where the CPU gives none (e.g. a fallback's resize warning). Each sample runs
 under a time limit, so a hang fails that test instead of the run. At the end of the session
 the pass rate per dtype is printed (and written to ``$TORCH_RBLN_OPINFO_REPORT`` if set).
+
+``test_opinfo_grad`` compares input gradients the same way (see its section below).
 """
 
 from __future__ import annotations
