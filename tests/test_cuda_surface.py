@@ -58,9 +58,6 @@ CUDA_ONLY = {
     "current_solver_handle": "cuSOLVER handle",
     "get_arch_list": "CUDA compute capabilities the wheel was built for",
     "get_gencode_flags": "CUDA compute capabilities the wheel was built for",
-    "reset_peak_host_memory_stats": "not bound yet: the pinned allocator's counters cannot be "
-                                    "reset from Python (host_memory_stats reads them)",
-    "reset_accumulated_host_memory_stats": "not bound yet (as reset_peak_host_memory_stats)",
     "host_memory_stats_as_nested_dict": "host_memory_stats has flat keys only",
 }
 
@@ -152,6 +149,14 @@ def test_memory_views_agree_with_memory_stats():
     with pytest.raises(ValueError, match="was not allocated"):
         torch.rbln.caching_allocator_delete(ptr)
     assert set(torch.rbln.host_memory_stats()) >= {"active_bytes", "num_host_alloc"}
+    p = torch.ones(1 << 16).pin_memory()
+    assert torch.rbln.host_memory_stats()["active_bytes.peak"] >= 1 << 18
+    del p
+    torch.rbln.reset_peak_host_memory_stats()
+    stats = torch.rbln.host_memory_stats()
+    assert stats["active_bytes.peak"] == stats["active_bytes"]
+    torch.rbln.reset_accumulated_host_memory_stats()
+    assert torch.rbln.host_memory_stats()["num_host_alloc"] == 0
     del t
 
 

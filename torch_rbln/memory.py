@@ -15,7 +15,8 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_peak_memory_stats", "memory_stats_as_nested_dict",
     "memory_cached", "max_memory_cached", "reset_max_memory_allocated", "reset_max_memory_cached",
     "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
-    "host_memory_stats", "device_memory_used", "get_per_process_memory_fraction",
+    "host_memory_stats", "reset_peak_host_memory_stats", "reset_accumulated_host_memory_stats",
+    "device_memory_used", "get_per_process_memory_fraction",
 ]
 
 
@@ -217,6 +218,16 @@ def host_memory_stats() -> dict:
     """Statistics of the pinned host allocator (``pin_memory()`` blocks)."""
     from . import _C
     return dict(_C._pinned_memory_stats())
+
+
+def reset_peak_host_memory_stats() -> None:
+    from . import _C
+    _C._pinned_memory_reset_peak()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    from . import _C
+    _C._pinned_memory_reset_accumulated()
 
 
 def device_memory_used(device=None) -> int:
