@@ -29,3 +29,14 @@ KNOWN: dict = {
     ("sparse.mm.reduce", "*"): _SPARSE,
     ("sparse.sampled_addmm", "*"): _SPARSE,
 }
+
+# Input gradients (``test_opinfo_grad``) that do not match the CPU's, each with its reason.
+KNOWN_GRAD: dict = {
+    # a one-element normalised shape: the input gradient is 0 up to rounding, amplified by
+    # rstd (1/sqrt(eps) ~ 316): the composite's rounding differs from the CPU kernel's
+    ("native_layer_norm", "*"): _LAYER_NORM,
+    ("nn.functional.layer_norm", "*"): _LAYER_NORM,
+    ("to_sparse", "*"): _SPARSE,
+    ("sparse.mm.reduce", "*"): _SPARSE,
+    ("sparse.sampled_addmm", "*"): _SPARSE,
+}

@@ -9,6 +9,8 @@ A mismatch fails unless ``opinfo_known_failures.KNOWN`` lists it with a reason; 
 warning on rbln where the CPU gives none (e.g. a fallback's resize warning). Each sample runs
 under a time limit, so a hang fails that test instead of the run. At the end of the session
 the pass rate per dtype is printed (and written to ``$TORCH_RBLN_OPINFO_REPORT`` if set).
+
+``test_opinfo_grad`` compares input gradients the same way (see its section below).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from opinfo_known_failures import KNOWN, RANDOM_OPS
+from opinfo_known_failures import KNOWN, KNOWN_GRAD, RANDOM_OPS
 from torch_rbln.runtime.storage import state_of
 
 SAMPLES = 2
@@ -339,7 +341,9 @@ def pytest_sessionfinish_report():
     for dt, s in sorted(STATS.items()):
         rate = 100.0 * s["matched"] / s["ran"] if s["ran"] else 100.0
         lines.append(f"{dt:9s} samples {s['ran']:5d}  matched {s['matched']:5d} ({rate:.2f}%)  "
-                     f"known failures {s['known']:4d}  new failures {s['new']:4d}")
+                     f"known failures {s['known']:4d}  new failures {s['new']:4d}"
+                     + (f"  (of the matched, closer to float64 than the CPU: "
+                        f"{s['closer_than_cpu']})" if s.get("closer_than_cpu") else ""))
     return lines
 
 
@@ -354,3 +358,194 @@ def _report(request):
     if path:
         with open(path, "w") as f:
             json.dump({k: dict(v) for k, v in STATS.items()}, f, indent=1)
+
+
+# ------------------------------------------------------------------------------------------
+# gradients: for each OpInfo that supports autograd, the input gradients of its samples
+# (``torch.autograd.grad`` with the same random cotangents) on rbln vs the CPU. Default: the
+# first sample of each op in float32 (a quick pass over every backward formula); ``--runslow``:
+# every sample in float16, bfloat16 and float32.
+
+GRAD_SAMPLES = 1
+GRAD_QUICK_DTYPES = (torch.float32,)
+
+
+def _grad_params():
+    out = []
+    for name, op in _ops():
+        if not op.supports_autograd or op.name in RANDOM_OPS:
+            continue
+        for dtype in DTYPES:
+            if dtype in op.supported_backward_dtypes("cpu"):
+                marks = () if dtype in GRAD_QUICK_DTYPES else (pytest.mark.slow,)
+                out.append(pytest.param(op, dtype, id=f"{name}-{str(dtype)[6:]}", marks=marks))
+    return out
+
+
+def _flat_tensors(x, out):
+    """Every tensor in a sample argument (nested lists, tuples, dicts), in order."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _flat_tensors(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _flat_tensors(v, out)
+    return out
+
+
+def _grad_leaves(x):
+    """A CPU copy of a sample argument whose copies of the tensors that require grad require
+    grad too."""
+    if isinstance(x, torch.Tensor):
+        c = _to_cpu(x)
+        return c.requires_grad_() if x.requires_grad and c.is_floating_point() or (
+            x.requires_grad and c.is_complex()) else c
+    if isinstance(x, (list, tuple)):
+        vals = [_grad_leaves(v) for v in x]
+        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
+    if isinstance(x, dict):
+        return {k: _grad_leaves(v) for k, v in x.items()}
+    return _to_cpu(x)
+
+
+def _input_grads(op, sample, inp, args, kwargs, seed, device, draw_dtype=None):
+    """(differentiable-output mask, input gradients) of ``op`` on the given arguments, with
+    cotangents drawn from a CPU generator seeded ``seed`` (so both devices get the same;
+    ``draw_dtype``: drawn in that dtype, then converted to the output's)."""
+    inputs = [t for t in _flat_tensors((inp, args, kwargs), []) if t.requires_grad]
+    outs = _flat_tensors(sample.output_process_fn_grad(op(inp, *args, **kwargs)), [])
+    mask = [o.requires_grad for o in outs]
+    outs = [o for o in outs if o.requires_grad]
+    if not inputs or not outs:
+        return mask, None
+    gen = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(o.shape, dtype=draw_dtype or o.dtype, generator=gen).to(device, o.dtype)
+            for o in outs]
+    return mask, torch.autograd.grad(outs, inputs, cots, allow_unused=True)
+
+
+def _float64(x):
+    """A float64 CPU copy of a sample argument (the copies of tensors that require grad
+    require grad)."""
+    if isinstance(x, torch.Tensor):
+        c = _to_cpu(x)
+        if c.is_floating_point():
+            c = c.double().requires_grad_(x.requires_grad)
+        return c
+    if isinstance(x, (list, tuple)):
+        vals = [_float64(v) for v in x]
+        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
+    if isinstance(x, dict):
+        return {k: _float64(v) for k, v in x.items()}
+    return _to_cpu(x)
+
+
+def _closer_to_float64(op, sample, seed, actual, expected, dtype) -> bool:
+    """Half-precision gradients that differ from the CPU's: rbln's are accepted when they are
+    at least as close to the float64 gradients (same inputs, same cotangents) as the CPU's are.
+    rbln's multi-step programs (SDPA backward, linear_backward) round once where the CPU's half
+    kernels round between steps (README "NPU numerics and tolerances")."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return False
+    try:
+        _, ref = _input_grads(op, sample, _float64(sample.input), _float64(sample.args),
+                              _float64(sample.kwargs), seed, "cpu", draw_dtype=dtype)
+    except Exception:   # noqa: BLE001 - no float64 reference: the mismatch stands
+        return False
+    for a, e, r in zip(actual, expected, ref):
+        if r is None or a is None or e is None:
+            continue
+        err_rbln = (_cpu(a).double() - r).abs().nan_to_num(0).max()
+        err_cpu = (e.double() - r).abs().nan_to_num(0).max()
+        if err_rbln > err_cpu:
+            return False
+    return True
+
+
+def _random_sample(sample) -> bool:
+    """A sample whose result depends on random draws (attention dropout): rbln builds the mask
+    from its own generator's seed (dispatch/attention_dropout.py), so only the gradients'
+    shapes and dtypes are compared (tests/test_attention.py compares them for one mask)."""
+    return bool(sample.kwargs.get("dropout_p", 0))
+
+
+def _compare_grads(actual, expected, dtype, metadata_only=False):
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert (a is None) == (e is None), f"input {i}: gradient {a is not None}, CPU {e is not None}"
+        if e is not None and metadata_only:
+            assert a.shape == e.shape and a.dtype == e.dtype, f"input {i} gradient's metadata"
+        elif e is not None:
+            atol, rtol = _tolerance(dtype)
+            torch.testing.assert_close(_cpu(a), e, atol=atol, rtol=rtol, equal_nan=True,
+                                       check_device=False, check_stride=False,
+                                       msg=lambda m, i=i: f"input {i} gradient: {m}")
+
+
+@pytest.mark.parametrize("op,dtype", _grad_params())
+def test_opinfo_grad(op, dtype, request):
+    full = request.config.getoption("--runslow") or os.environ.get("TORCH_RBLN_RUNSLOW") == "1"
+    limit = None if full else GRAD_SAMPLES
+    stats = STATS["grad-" + str(dtype)[6:]]
+    known = _known_grad(op, dtype)
+    ran, failures = 0, []
+    old = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        samples = op.sample_inputs("rbln", dtype, requires_grad=True)
+        while limit is None or ran < limit:
+            signal.alarm(SAMPLE_TIMEOUT_S)
+            try:
+                sample = next(samples)
+            except StopIteration:
+                break
+            except Exception as e:  # noqa: BLE001 - building the sample on rbln failed
+                failures.append(f"sample on rbln: {type(e).__name__}: {e}")
+                ran += 1
+                stats["ran"] += 1
+                break
+            finally:
+                signal.alarm(0)
+            try:
+                torch.manual_seed(0)
+                cpu_mask, expected = _input_grads(
+                    op, sample, _grad_leaves(sample.input), _grad_leaves(sample.args),
+                    _grad_leaves(sample.kwargs), ran, "cpu")
+            except Exception:   # noqa: BLE001 - the CPU cannot run this sample: not counted
+                continue
+            if expected is None:
+                continue        # nothing differentiable in this sample
+            ran += 1
+            stats["ran"] += 1
+            signal.alarm(SAMPLE_TIMEOUT_S)
+            try:
+                torch.manual_seed(0)
+                mask, actual = _input_grads(op, sample, sample.input, sample.args,
+                                            sample.kwargs, ran - 1, "rbln")
+                assert mask == cpu_mask, f"differentiable outputs {mask}, CPU {cpu_mask}"
+                try:
+                    _compare_grads(actual, expected, dtype, _random_sample(sample))
+                except AssertionError:
+                    if not _closer_to_float64(op, sample, ran - 1, actual, expected, dtype):
+                        raise
+                    stats["closer_than_cpu"] += 1
+            except Exception as e:  # noqa: BLE001 - every failure is reported below
+                failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    stats["matched"] += ran - len(failures)
+    if not failures:
+        return
+    if known:
+        stats["known"] += len(failures)
+        pytest.xfail(f"known: {known}")
+    stats["new"] += len(failures)
+    pytest.fail(f"{len(failures)}/{ran} samples' gradients differ on rbln: {failures[0]}")
+
+
+def _known_grad(op, dtype):
+    name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+    return KNOWN_GRAD.get((name, str(dtype)[6:])) or KNOWN_GRAD.get((name, "*"))

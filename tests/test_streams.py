@@ -168,3 +168,71 @@ def test_invalid_streams_raise(out):
     assert "rbln device index 5 is out of range [0, 2)" in bad_index
     assert "rbln device index 7 is out of range [0, 2)" in bad_current
     assert "Expected rbln device, but got cpu" in cpu
+
+
+def test_record_stream_defers_reuse_until_the_stream_work_is_done():
+    """CUDA's caching rule: memory freed while a stream recorded with ``record_stream`` may
+    still use it is reused only after the work queued on that stream at the free is done."""
+    out = run_json(PRELUDE + """
+    N = 1 << 16
+    s = torch.rbln.Stream()
+    res = {}
+
+    def on_device():
+        # one storage, with a device block (the in-place device op books it)
+        return torch.empty(N, device="rbln", dtype=torch.float16).fill_(1).mul_(2)
+
+    def gate_on(stream):
+        log, gate = [], threading.Event()
+        blocker(stream, log, "done", gate)
+        return gate
+
+    # without record_stream the freed memory is the next allocation's
+    t = on_device(); ptr = t.data_ptr(); del t
+    u = on_device(); res["plain"] = u.data_ptr() == ptr; del u
+
+    # recorded on s while s has pending work: neither the host view nor the block is reused
+    t = on_device(); ptr = t.data_ptr()
+    gate = gate_on(s)
+    t.record_stream(s)
+    before = torch.rbln.memory_stats()
+    del t
+    after = torch.rbln.memory_stats()
+    res["freed_stats"] = [before["allocated.current"] - after["allocated.current"],
+                          before["active.current"] - after["active.current"]]
+    u = on_device()
+    res["while_pending"] = u.data_ptr() == ptr
+    res["while_pending_values"] = torch.equal(u.cpu(), torch.full((N,), 2.0, dtype=torch.float16))
+    del u
+    gate.set(); s.synchronize()
+    v = on_device(); res["after_done"] = v.data_ptr() == ptr; del v
+    res["active_after"] = torch.rbln.memory_stats()["active.current"]
+
+    # a stream with nothing pending at the free defers nothing
+    t = on_device(); ptr = t.data_ptr(); t.record_stream(s); del t
+    w = on_device(); res["idle_stream"] = w.data_ptr() == ptr; del w
+
+    # empty_cache waits for the recorded streams' work, then releases the block
+    t = on_device(); gate = gate_on(s); t.record_stream(s); del t
+    threading.Timer(0.2, gate.set).start()
+    torch.rbln.empty_cache()
+    res["empty_cache"] = [s.query(), torch.rbln.memory_stats()["reserved.current"]]
+
+    errors = []
+    for f in (lambda: torch.ones(2, device="rbln").record_stream(torch.rbln.Stream("rbln:1")),
+              lambda: torch.ones(2).record_stream(s)):
+        try:
+            f(); errors.append(None)
+        except RuntimeError as e:
+            errors.append(str(e).splitlines()[0])
+    res["errors"] = errors
+    print(json.dumps(res))
+    """, {"TORCH_RBLN_VIRTUAL_NPUS": "2"})
+    assert out["plain"]
+    assert out["freed_stats"] == [1 << 17, 0]      # no longer allocated, still active (as CUDA)
+    assert out["while_pending"] is False and out["while_pending_values"]
+    assert out["after_done"] and out["active_after"] == 0
+    assert out["idle_stream"]
+    assert out["empty_cache"] == [True, 0]
+    assert "the stream is on rbln:1, the tensor on rbln:0" in out["errors"][0]
+    assert out["errors"][1] is not None                 # a CPU tensor: PyTorch's own error

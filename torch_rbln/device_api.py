@@ -11,7 +11,14 @@ __all__ = [
     "current_device", "device_count", "physical_device_count", "is_available", "is_dummy_device",
     "is_initialized", "get_amp_supported_dtype", "get_device_properties", "get_device_name",
     "get_device_capability", "set_device", "synchronize", "device", "device_of", "device_summary",
+    "init", "is_bf16_supported", "is_tf32_supported", "can_device_access_peer",
+    "is_current_stream_capturing", "get_sync_debug_mode", "set_sync_debug_mode",
+    "OutOfMemoryError", "AcceleratorError",
 ]
+
+# torch.cuda's names for PyTorch's device-generic errors (torch.rbln raises the same types)
+OutOfMemoryError = torch.OutOfMemoryError
+AcceleratorError = torch.AcceleratorError
 
 _initialized = False
 
@@ -69,7 +76,77 @@ def is_dummy_device() -> bool:
 
 
 def is_initialized() -> bool:
-    return _initialized or device_count() == 0
+    """Whether the device runtime is in use: the mapping is committed (a tensor was created on
+    rbln, or ``_lazy_init()`` ran) or a device was selected. PyTorch's own utilities read this
+    through ``torch.rbln._initialized`` (``torch.utils.checkpoint`` saves and restores the rbln
+    RNG only then), as they read ``torch.cuda._initialized``."""
+    return _initialized or devices.is_committed() or device_count() == 0
+
+
+def _lazy_init() -> None:
+    """Initialize the device runtime now (commit the device mapping), as
+    ``torch.cuda._lazy_init`` does; idempotent."""
+    devices.commit()
+
+
+def init() -> None:
+    """Initialize the device runtime now (``torch.cuda.init``); it otherwise initializes itself
+    at the first device use."""
+    _lazy_init()
+
+
+def _is_compiled() -> bool:
+    return True
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """The NPU computes bfloat16 natively."""
+    return is_available()
+
+
+def is_tf32_supported() -> bool:
+    """TF32 is an NVIDIA tensor-core format: float32 matmuls on the NPU are not rounded to it
+    (``torch.backends.cuda.matmul.allow_tf32`` has no rbln counterpart)."""
+    return False
+
+
+def can_device_access_peer(device, peer_device) -> bool:
+    """Whether ``device`` reads ``peer_device``'s memory directly: never; data between logical
+    devices goes through the host (README "Several devices")."""
+    _check_index(_get_device_index(device))
+    _check_index(_get_device_index(peer_device))
+    return False
+
+
+def is_current_stream_capturing() -> bool:
+    """rbln streams are never capturing: there is no stream capture (compiled graphs come from
+    ``torch.compile``)."""
+    return False
+
+
+def get_sync_debug_mode() -> int:
+    """0: rbln does not report synchronizing calls (``torch.cuda.set_sync_debug_mode``)."""
+    return 0
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    if debug_mode not in (0, "default"):
+        raise RuntimeError("torch.rbln.set_sync_debug_mode: rbln does not detect synchronizing "
+                           "calls (every op finishes when launched on the virtual NPU), so only "
+                           "mode 0 ('default') applies")
+
+
+def _exchange_device(device: int) -> int:
+    """Make ``device`` current and return the previous current device (-1: no change)."""
+    if device < 0:
+        return -1
+    prev = devices.current()
+    if device != prev:
+        devices.set_current(_check_index(device))
+    return prev
+
+
+_maybe_exchange_device = _exchange_device
 
 
 def get_amp_supported_dtype() -> list:

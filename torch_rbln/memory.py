@@ -12,7 +12,11 @@ from .runtime import devices
 __all__ = [
     "empty_cache", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
     "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
-    "reset_accumulated_memory_stats", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "reset_peak_memory_stats", "memory_stats_as_nested_dict",
+    "memory_cached", "max_memory_cached", "reset_max_memory_allocated", "reset_max_memory_cached",
+    "caching_allocator_alloc", "caching_allocator_delete", "get_allocator_backend",
+    "host_memory_stats", "reset_peak_host_memory_stats", "reset_accumulated_host_memory_stats",
+    "device_memory_used", "get_per_process_memory_fraction",
 ]
 
 
@@ -137,3 +141,97 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         f"alloc retries: {s['num_alloc_retries']}   ooms: {s['num_ooms']}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """``memory_stats`` with its dotted keys nested (``{"allocated": {"current": ...}}``)."""
+    out: dict = {}
+    for key, value in memory_stats(device).items():
+        node = out
+        *path, leaf = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def _deprecated(old: str, new: str) -> None:
+    import warnings
+    warnings.warn(f"torch.rbln.{old} has been renamed to torch.rbln.{new}", FutureWarning,
+                  stacklevel=3)
+
+
+def memory_cached(device=None) -> int:
+    """Deprecated name of :func:`memory_reserved` (as in torch.cuda)."""
+    _deprecated("memory_cached", "memory_reserved")
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    _deprecated("max_memory_cached", "max_memory_reserved")
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """Deprecated: resets every peak, as torch.cuda's does."""
+    _deprecated("reset_max_memory_allocated", "reset_peak_memory_stats")
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    _deprecated("reset_max_memory_cached", "reset_peak_memory_stats")
+    reset_peak_memory_stats(device)
+
+
+_raw_blocks: dict = {}     # data pointer -> the uint8 rbln tensor holding it
+
+
+def caching_allocator_alloc(size: int, device=None, stream=None) -> int:
+    """``size`` bytes from the caching allocator of ``device``; returns the data pointer, freed
+    by :func:`caching_allocator_delete`. ``stream`` is accepted (the arena is not per stream)."""
+    idx = _normalize_device(device)
+    t = torch.empty(int(size), dtype=torch.uint8, device=torch.device("rbln", idx))
+    _raw_blocks[t.data_ptr()] = t
+    return t.data_ptr()
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    if _raw_blocks.pop(mem_ptr, None) is None:
+        raise ValueError(f"torch.rbln.caching_allocator_delete: {mem_ptr:#x} was not allocated by "
+                         "torch.rbln.caching_allocator_alloc")
+
+
+def get_allocator_backend() -> str:
+    """The device allocator: the arena's caching allocator (README "Device tensors and
+    memory"); there is no other."""
+    return "native"
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The fraction of the device's memory this process may reserve: all of it (the capacity is
+    ``TORCH_RBLN_DEVICE_MEMORY``; there is no per-process fraction to set)."""
+    _normalize_device(device)
+    return 1.0
+
+
+def host_memory_stats() -> dict:
+    """Statistics of the pinned host allocator (``pin_memory()`` blocks)."""
+    from . import _C
+    return dict(_C._pinned_memory_stats())
+
+
+def reset_peak_host_memory_stats() -> None:
+    from . import _C
+    _C._pinned_memory_reset_peak()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    from . import _C
+    _C._pinned_memory_reset_accumulated()
+
+
+def device_memory_used(device=None) -> int:
+    """Bytes of the device's memory in use: what this process's arena reserves (the virtual NPU
+    keeps no account of other processes)."""
+    free, total = mem_get_info(device)
+    return total - free

@@ -24,6 +24,16 @@ def _index(device) -> int:
     return devices.current() if idx < 0 else idx
 
 
+def _get_generator(device: torch.device) -> torch.Generator:
+    """The default generator of ``device`` (``torch.cuda._get_generator``)."""
+    return default_generator(_index(device))
+
+
+def default_generators() -> tuple:
+    """Every logical device's default generator (``torch.rbln.default_generators`` reads it)."""
+    return tuple(default_generator(i) for i in range(devices.count()))
+
+
 def _is_in_bad_fork() -> bool:
     return False
 

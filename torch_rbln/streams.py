@@ -140,3 +140,15 @@ class StreamContext:
 def stream(stream) -> StreamContext:
     """``with torch.rbln.stream(s):`` runs the block with ``s`` as the current stream."""
     return StreamContext(stream)
+
+
+# clock of the virtual NPU for ``_sleep`` (cycles -> seconds)
+_SLEEP_HZ = 1e9
+
+
+def _sleep(cycles: int) -> None:
+    """Queue ``cycles`` NPU cycles of busy work on the current stream (``torch.cuda._sleep``:
+    PyTorch's tests use it to have work still pending); the virtual NPU counts 1 GHz."""
+    import time
+    s = current_stream()
+    _C._enqueue(s.stream_id, s.device_index, lambda: time.sleep(cycles / _SLEEP_HZ))

@@ -77,6 +77,8 @@ void register_allocator_and_kernels() {
                                         c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   lib->impl("empty.memory_format", TORCH_FN(empty_memory_format));
   lib->impl("empty_strided", TORCH_FN(empty_strided));
+  // Tensor.record_stream: defers the reuse of the storage's memory (Storage.h)
+  lib->impl("record_stream", TORCH_FN(record_stream));
 }
 
 }  // namespace torch_rbln

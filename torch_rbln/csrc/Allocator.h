@@ -26,7 +26,8 @@ class AllocationDevice {
 };
 
 
-// Installs the allocator for PrivateUse1 and registers the allocation kernels (once).
+// Installs the allocator for PrivateUse1 and registers the allocation kernels and
+// record_stream (once).
 void register_allocator_and_kernels();
 
 }  // namespace torch_rbln

@@ -27,6 +27,15 @@ std::string fmt_bytes(int64_t n) {
   return std::to_string(n) + " bytes";
 }
 
+bool all_reached(const std::vector<QueuePoint>& points) {
+  for (const auto& p : points) {
+    if (!point_reached(p)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 bool reusable(const at::Tensor& m, int64_t size) {
   return m.defined() && m.scalar_type() == at::kByte && m.numel() == size && m.is_contiguous();
 }
@@ -41,6 +50,9 @@ Block Arena::malloc(int64_t nbytes, bool with_memory) {
   std::vector<at::Tensor> released;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!deferred_.empty()) {
+      take_back_reached_locked(released);
+    }
     auto it = cache_.find(size);
     if (it != cache_.end() && !it->second.empty()) {
       at::Tensor mem = std::move(it->second.back());
@@ -56,7 +68,9 @@ Block Arena::malloc(int64_t nbytes, bool with_memory) {
       if (stats_.reserved.current + size > capacity_) {
         if (stats_.cached) {
           stats_.num_alloc_retries += 1;
-          released = release_cache_locked();
+          for (auto& m : release_cache_locked()) {
+            released.push_back(std::move(m));
+          }
           if (stats_.reserved.current + size > capacity_) {
             stats_.num_ooms += 1;
             out_of_memory(size);
@@ -91,12 +105,22 @@ void Arena::out_of_memory(int64_t size) {
       "Free tensors, call torch.rbln.empty_cache(), or raise TORCH_RBLN_DEVICE_MEMORY.");
 }
 
-void Arena::free(Block&& block) {
+void Arena::free(Block&& block, std::vector<QueuePoint> uses) {
   const int64_t size = block.size;
   at::Tensor mem = std::move(block.memory);  // declared first: destroyed after the lock is released
   block.size = 0;
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.allocated.sub(size);
+  if (!all_reached(uses)) {
+    deferred_.push_back(Deferred{size, std::move(mem), std::move(uses)});
+    return;
+  }
+  cache_locked(size, mem);
+}
+
+// `mem` is moved into the cache when reusable; otherwise it stays with the caller, who lets go
+// of it after the lock is released
+void Arena::cache_locked(int64_t size, at::Tensor& mem) {
   stats_.active.sub(size);
   if (reusable(mem, size)) {
     cache_[size].push_back(std::move(mem));
@@ -106,6 +130,21 @@ void Arena::free(Block&& block) {
     stats_.reserved.sub(size);
     stats_.num_device_free += 1;
   }
+}
+
+void Arena::take_back_reached_locked(std::vector<at::Tensor>& dropped) {
+  size_t kept = 0;
+  for (auto& d : deferred_) {
+    if (all_reached(d.uses)) {
+      cache_locked(d.size, d.memory);
+      if (d.memory.defined()) {
+        dropped.push_back(std::move(d.memory));
+      }
+    } else {
+      deferred_[kept++] = std::move(d);
+    }
+  }
+  deferred_.resize(kept);
 }
 
 std::vector<at::Tensor> Arena::release_cache_locked() {
@@ -124,10 +163,25 @@ std::vector<at::Tensor> Arena::release_cache_locked() {
 }
 
 void Arena::empty_cache() {
+  // as CUDA's emptyCache: the recorded streams' work is waited for (without the lock: that work
+  // may allocate), then those blocks are free like the others
+  std::vector<QueuePoint> waits;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& d : deferred_) {
+      waits.insert(waits.end(), d.uses.begin(), d.uses.end());
+    }
+  }
+  for (const auto& p : waits) {
+    wait_point(p);
+  }
   std::vector<at::Tensor> released;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    released = release_cache_locked();
+    take_back_reached_locked(released);
+    auto cached = release_cache_locked();
+    released.insert(released.end(), std::make_move_iterator(cached.begin()),
+                    std::make_move_iterator(cached.end()));
   }
 }
 

@@ -15,6 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "Stream.h"
+
 namespace torch_rbln {
 
 constexpr int64_t kBlockRound = 512;
@@ -65,7 +67,12 @@ class Arena {
   // A block of at least `nbytes`. Without memory, the block is booked and its RAM is left to the
   // caller (a program's output becomes it).
   Block malloc(int64_t nbytes, bool with_memory);
-  void free(Block&& block);
+  // `uses`: points of the streams a tensor on the block was recorded on (record_stream) that
+  // had work queued when it was freed. Until every one is reached the block is neither cached
+  // nor reused (it stays reserved and active, as in CUDA's caching allocator); malloc and
+  // empty_cache take it back once they are.
+  void free(Block&& block, std::vector<QueuePoint> uses = {});
+  // waits for the deferred blocks' streams, then releases every cached block
   void empty_cache();
 
   ArenaStats stats() const;
@@ -78,11 +85,20 @@ class Arena {
  private:
   [[noreturn]] void out_of_memory(int64_t size);
   std::vector<at::Tensor> release_cache_locked();
+  void cache_locked(int64_t size, at::Tensor& mem);
+  void take_back_reached_locked(std::vector<at::Tensor>& dropped);
+
+  struct Deferred {
+    int64_t size;
+    at::Tensor memory;
+    std::vector<QueuePoint> uses;
+  };
 
   const c10::DeviceIndex index_;
   const int64_t capacity_;
   mutable std::mutex mutex_;
   std::unordered_map<int64_t, std::vector<at::Tensor>> cache_;  // rounded size -> free blocks
+  std::vector<Deferred> deferred_;  // freed, waiting for recorded streams
   ArenaStats stats_;
 };
 

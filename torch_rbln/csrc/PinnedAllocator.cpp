@@ -108,6 +108,8 @@ void bind_pinned_allocator(py::module_& m) {
     d["num_host_free"] = s.num_host_free;
     return d;
   });
+  m.def("_pinned_memory_reset_peak", [] { allocator.reset_peak_stats(); });
+  m.def("_pinned_memory_reset_accumulated", [] { allocator.reset_accumulated_stats(); });
 }
 
 }  // namespace torch_rbln

@@ -37,6 +37,9 @@ class HostPool {
   void* get(int64_t nbytes, int64_t* capacity) {
     const int64_t size = rounded(nbytes);
     *capacity = size;
+    if (has_deferred_.load(std::memory_order_relaxed)) {
+      take_back_reached();
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = free_.find(size);
@@ -50,6 +53,13 @@ class HostPool {
     return c10::alloc_cpu(size);
   }
 
+  // `p` is reusable once every point of `uses` is reached (record_stream)
+  void put_after(void* p, int64_t size, std::vector<QueuePoint> uses) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    deferred_.push_back(Deferred{p, size, std::move(uses)});
+    has_deferred_.store(true, std::memory_order_relaxed);
+  }
+
   void put(void* p, int64_t size) {
     if (size <= kLargest) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -60,6 +70,30 @@ class HostPool {
       }
     }
     c10::free_cpu(p);
+  }
+
+  void take_back_reached() {
+    std::vector<Deferred> reached;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      size_t kept = 0;
+      for (auto& d : deferred_) {
+        bool done = true;
+        for (const auto& p : d.uses) {
+          done = done && point_reached(p);
+        }
+        if (done) {
+          reached.push_back(std::move(d));
+        } else {
+          deferred_[kept++] = std::move(d);
+        }
+      }
+      deferred_.resize(kept);
+      has_deferred_.store(kept != 0, std::memory_order_relaxed);
+    }
+    for (auto& d : reached) {
+      put(d.p, d.size);
+    }
   }
 
   void clear() {
@@ -78,7 +112,14 @@ class HostPool {
 
  private:
   std::mutex mutex_;
+  struct Deferred {
+    void* p;
+    int64_t size;
+    std::vector<QueuePoint> uses;
+  };
   std::unordered_map<int64_t, std::vector<void*>> free_;
+  std::vector<Deferred> deferred_;   // freed, waiting for recorded streams
+  std::atomic<bool> has_deferred_{false};
   int64_t bytes_ = 0;
 };
 
@@ -230,15 +271,42 @@ StorageState::~StorageState() {
   inputs_.clear();
   device_cpu_ = c10::Storage();
   host_cpu_ = c10::Storage();
+  // record_stream: the work queued so far on each recorded stream may still use the memory
+  std::vector<QueuePoint> uses;
+  for (const auto& s : recorded_streams) {
+    QueuePoint p = stream_point(s);
+    if (!point_reached(p)) {
+      uses.push_back(p);
+    }
+  }
   try {
     if (block) {
-      claim(index).free(std::move(*block));
+      claim(index).free(std::move(*block), uses);
     }
   } catch (...) {  // nothing to report to at teardown
   }
   if (pooled) {
-    host_pool().put(host, host_capacity);
+    if (uses.empty()) {
+      host_pool().put(host, host_capacity);
+    } else {
+      host_pool().put_after(host, host_capacity, std::move(uses));
+    }
   }
+}
+
+void record_stream(at::Tensor& t, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "record_stream on an rbln tensor expects an rbln stream, got ", stream);
+  TORCH_CHECK(stream.device_index() == t.device().index(), "record_stream: the stream is on ",
+              stream.device(), ", the tensor on ", t.device());
+  stream_point(stream);   // validates the stream id
+  StorageState* s = state_of(t);
+  for (const auto& r : s->recorded_streams) {
+    if (r == stream) {
+      return;
+    }
+  }
+  s->recorded_streams.push_back(stream);
 }
 
 void StorageState::wait_pending() {

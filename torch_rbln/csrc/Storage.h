@@ -51,6 +51,9 @@ struct StorageState {
   // source), kept alive until it has run; cleared by `settle`
   QueuePoint pending;
   c10::Storage pending_source;
+  // streams `record_stream` named: at the free, the work queued on them so far must finish
+  // before the host view or the device block is reused
+  std::vector<c10::Stream> recorded_streams;
   // waits for the pending work (a no-op when there is none)
   void settle() {
     if (C10_UNLIKELY(static_cast<bool>(pending))) {
@@ -135,6 +138,9 @@ at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Sca
 at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index);
 // An rbln tensor whose host view *is* `cpu`'s storage (zero copy), host-latest.
 at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index);
+
+// Tensor.record_stream(stream) on an rbln tensor (the aten::record_stream kernel).
+void record_stream(at::Tensor& t, c10::Stream stream);
 
 // Frees the host views the pool keeps for reuse.
 void host_pool_clear();

@@ -215,6 +215,15 @@ QueuePoint enqueue_point(const c10::Stream& s, std::function<void()> work) {
   return p;
 }
 
+QueuePoint stream_point(const c10::Stream& s) {
+  Queue& q = queue_of(s);
+  QueuePoint p;
+  p.generation = generation.load();
+  p.pos = q.queued();
+  p.queue = p.pos ? &q : nullptr;
+  return p;
+}
+
 bool point_reached(const QueuePoint& p) {
   return !p || p.generation != generation.load() || static_cast<Queue*>(p.queue)->reached(p.pos);
 }

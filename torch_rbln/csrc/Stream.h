@@ -42,6 +42,8 @@ struct QueuePoint {
 // `enqueue`, returning the point of `work`
 QueuePoint enqueue_point(const c10::Stream& stream, std::function<void()> work);
 bool point_reached(const QueuePoint& point);
+// The point of the work queued on `stream` so far (what record_stream waits for at a free)
+QueuePoint stream_point(const c10::Stream& stream);
 // Blocks until `point` is reached (without holding the GIL).
 void wait_point(const QueuePoint& point);
 

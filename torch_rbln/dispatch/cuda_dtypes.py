@@ -69,6 +69,7 @@ WIDEN: dict[str, frozenset] = {
     "aten::_fft_c2c": frozenset({_C32}),
     "aten::_fft_c2r": frozenset({_C32}),
     **{f"aten::{n}": frozenset({_C32}) for n in _CHALF_OPS},
+    "aten::div_": frozenset({_C32}),
 }
 
 
@@ -105,6 +106,11 @@ def _nansum_complex(op, args, kwargs):
     return _deliver(res, a.get("out"))
 
 
+# ops whose float16 operands a complex Python number promotes to complex32 (``h ** 1j``,
+# ``1j ** h``): CUDA computes them in complex<float>, the CPU kernel rejects ComplexHalf
+BY_COMPLEX_SCALAR = frozenset({"aten::pow", "aten::div"})
+
+
 EXACT: dict[str, tuple] = {
     "aten::histc": (_INTS, _histc_integer),
     "aten::nansum": (frozenset({_C32, _C64, torch.complex128}), _nansum_complex),
@@ -120,10 +126,14 @@ _RULES: dict = {}     # OpOverload -> (dtypes, compute) or None
 def _rule(op):
     r = _RULES.get(op, 0)
     if r == 0:
-        schema = getattr(op, "_schema", None)     # None: a host kernel of the device op table
-        name = schema.name if schema is not None else ""
+        # an overload packet (a Python number in a tensor slot picks its overload by type), or
+        # a host kernel of the device op table (no name: runs unchanged)
+        schema = getattr(op, "_schema", None)
+        name = schema.name if schema is not None else getattr(op, "_qualified_op_name", "")
         if name in EXACT:
             r = EXACT[name]
+        elif name in BY_COMPLEX_SCALAR:
+            r = (WIDEN[name] | {_F16}, _widened_if_complex)
         elif name in WIDEN:
             r = (WIDEN[name], _widened)
         else:
@@ -169,7 +179,8 @@ def host_kernel(op):
 def _written(op) -> frozenset:
     """Positions and names of the arguments the schema marks as written."""
     out = set()
-    for i, a in enumerate(op._schema.arguments):
+    schema = getattr(op, "_schema", None)       # an overload packet: functional uses only
+    for i, a in enumerate(schema.arguments if schema is not None else ()):
         if a.alias_info is not None and a.alias_info.is_write:
             out.add(a.name)
             if not a.kwarg_only:
@@ -218,6 +229,15 @@ def _widened(op, args, kwargs):
         return r
 
     return narrow_result(res)
+
+
+def _widened_if_complex(op, args, kwargs):
+    """``_widened`` for a complex32 tensor, or a float16 one with a complex Python number
+    among the arguments (which makes the op compute in complex32); else the op as it is."""
+    vals = (*args, *kwargs.values())
+    if _first(vals, (_C32,)) is not None or any(isinstance(v, complex) for v in vals):
+        return _widened(op, args, kwargs)
+    return op(*args, **kwargs)
 
 
 def _bind(op, args, kwargs) -> dict:

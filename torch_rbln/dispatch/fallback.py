@@ -30,6 +30,11 @@ _HOST_TWIN = ("aten::convolution_overrideable", "aten::convolution_backward_over
 # then appear twice, where the CPU gives it once.
 _FUNCTIONAL_AS_IS = ("index.Tensor",)
 
+# out= forms whose CompositeExplicit kernel checks the device type before any backend kernel
+# runs ("mode only supports CPU, CUDA and XPU device type"): registered for rbln, they run the
+# CPU kernel as CUDA runs its own.
+_DEVICE_CHECKED = ("mode.values",)
+
 
 class _Ctx:
     __slots__ = ("index", "by_ptr", "aliases", "outs")
@@ -146,7 +151,15 @@ def _to_rbln(x, ctx: _Ctx):
         for a, r in ctx.outs + ctx.aliases:
             if x is a:
                 return r
-        owner = ctx.by_ptr.get(x.untyped_storage().data_ptr()) if x.untyped_storage().nbytes() else None
+        if not x.untyped_storage().nbytes():
+            owner = None
+        elif not x.data_ptr():
+            # a storage without data: a ZeroTensor (``_efficientzerotensor``, which autograd
+            # formulas return for a gradient known to be zero, e.g. ``sgn``'s of a real input).
+            # No rbln input owns it and it holds no bytes to wrap: the rbln result is real zeros
+            return wrap_result(torch.zeros(x.shape, dtype=x.dtype), _index(ctx))
+        else:
+            owner = ctx.by_ptr.get(x.untyped_storage().data_ptr())
         if owner is not None:
             # a view of an rbln input: the same view on the rbln storage, with the same lazy
             # conjugate / negative bits, so that writes through it reach the input
@@ -224,7 +237,7 @@ def _call(op, args, kwargs, index: int):
     if _number_in_tensor_slot(op, args):
         # a wrapped Python scalar reached us as a plain number: let the overload packet pick
         # the Scalar overload, which gives it the same (wrapped-number) type promotion
-        return op.overloadpacket(*args, **kwargs)
+        return cuda_dtypes.run(op.overloadpacket, args, kwargs)
     if _draws_from_cpu_default(op):
         with generators.cpu_default_from(index):
             return cuda_dtypes.run(op, args, kwargs)
@@ -332,7 +345,7 @@ def host_kernels() -> dict:
     for name in _HOST_TWIN:
         n = name.split("::")[1]
         out[n] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(overload(n))
-    for name in _FUNCTIONAL_AS_IS:
+    for name in _FUNCTIONAL_AS_IS + _DEVICE_CHECKED:
         out[name] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(overload(name))
     return out
 
