@@ -31,6 +31,15 @@ def _classify(filename: str) -> bool:
     return path.startswith(_STDLIB) and "-packages" + os.sep not in path
 
 
+def treat_as_library(*paths: str) -> None:
+    """Count frames of files under ``paths`` (files or folders) as library code too: for a
+    harness that runs user code through frames of its own (the docs tests, a notebook runner),
+    so call sites name the user's lines only."""
+    global _LIBRARIES
+    _LIBRARIES += tuple(os.path.abspath(p) + ("" if os.path.isfile(p) else os.sep) for p in paths)
+    _is_library_cache.clear()
+
+
 def is_library(filename: str) -> bool:
     """Whether a frame of ``filename`` is library code (see the module docstring)."""
     lib = _is_library_cache.get(filename)
