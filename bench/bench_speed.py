@@ -2,7 +2,7 @@
 
     python bench/bench_speed.py [--quick] [--threads N] [--rounds N]
 
-Rows (the README's "Speed" table):
+Rows (docs/performance.md, "Speed on every CPU"):
 
 1. warm ``a + a`` on 64 fp16 elements, us per op (the native warm path);
 2. HF Llama forward, hidden 256, 2 layers, seq 64, fp16, ms (rbln eager vs CPU eager);

@@ -1,4 +1,4 @@
-"""torch.profiler on rbln: where the time of a small Llama forward goes (README "Profiling").
+"""torch.profiler on rbln: where the time of a small Llama forward goes (docs/profiling.md ("Profiling")).
 
     python examples/profile_llama.py [trace.json]
 

@@ -1,6 +1,6 @@
 """vLLM on rbln: offline greedy generation with vLLM's own Llama, then explain one decode step.
 
-    pip install -e '.[vllm]'                 # see the README section "vLLM on rbln"
+    pip install -e '.[vllm]'                 # see the docs/vllm.md ("vLLM on rbln")
     python examples/vllm_offline.py          # builds a small local Llama first (no download)
     python examples/vllm_offline.py --model /path/to/Llama-3.2-1B --compile
     TORCH_RBLN_VIRTUAL_NPUS=2 python examples/vllm_offline.py --tensor-parallel-size 2

@@ -1,4 +1,4 @@
-"""Asynchronous non_blocking copies (README "Streams and events"), run in fresh processes.
+"""Asynchronous non_blocking copies (docs/torch-rbln.md ("Streams and events")), run in fresh processes.
 
 A non_blocking host -> device copy from pinned memory is queued on the current stream and runs
 on its worker. To look at a copy while it is still pending, some checks first hold the stream

@@ -1,4 +1,4 @@
-"""Autocast on rbln as the reference does it (README "Autocast"): not supported, so
+"""Autocast on rbln as the reference does it (docs/torch-rbln.md ("Autocast")): not supported, so
 ``torch.autocast("rbln", ...)`` warns and disables itself; run in a fresh process."""
 
 from __future__ import annotations

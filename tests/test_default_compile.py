@@ -1,5 +1,5 @@
 """``torch.compile(f)`` with the default backend on rbln tensors runs through the rbln graph
-backend (README "Graph mode"); run in a fresh process. Inductor itself is replaced by a
+backend (docs/graph-mode.md ("Graph mode")); run in a fresh process. Inductor itself is replaced by a
 recorder here, so the test checks where each graph goes without compiling C++."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""torch.rbln.Event and torch.Event(device="rbln") (README "Streams and events"), run in a fresh
+"""torch.rbln.Event and torch.Event(device="rbln") (docs/torch-rbln.md ("Streams and events")), run in a fresh
 process with two devices. Pending work is made by queuing host callables on a stream
 (``torch_rbln._C._enqueue``), as in test_streams.py."""
 

@@ -446,7 +446,7 @@ def _closer_to_float64(op, sample, seed, actual, expected, dtype) -> bool:
     """Half-precision gradients that differ from the CPU's: rbln's are accepted when they are
     at least as close to the float64 gradients (same inputs, same cotangents) as the CPU's are.
     rbln's multi-step programs (SDPA backward, linear_backward) round once where the CPU's half
-    kernels round between steps (README "NPU numerics and tolerances")."""
+    kernels round between steps (docs/eager.md ("NPU numerics and tolerances"))."""
     if dtype not in (torch.float16, torch.bfloat16):
         return False
     try:

@@ -1,4 +1,4 @@
-"""Pinned host memory for rbln (README "Pinned memory"), run in fresh processes."""
+"""Pinned host memory for rbln (docs/torch-rbln.md ("Pinned memory")), run in fresh processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""torch.profiler on rbln (README "Profiling"): device time per op, the NPU's row in the trace
+"""torch.profiler on rbln (docs/profiling.md ("Profiling")): device time per op, the NPU's row in the trace
 with one slice per program run and per copy, flow arrows from the launching op, rbln memory
 events, the tensorboard handler, and one event stream shared with explain."""
 

@@ -1,4 +1,4 @@
-"""Random generators on rbln (README "Random numbers"), run in a fresh process with two devices."""
+"""Random generators on rbln (docs/torch-rbln.md ("Random numbers")), run in a fresh process with two devices."""
 
 from __future__ import annotations
 

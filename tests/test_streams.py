@@ -1,4 +1,4 @@
-"""torch.rbln streams (README "Streams and events"), run in a fresh process with two devices.
+"""torch.rbln streams (docs/torch-rbln.md ("Streams and events")), run in a fresh process with two devices.
 
 Device programs finish when launched, so the ordering checks queue host callables on streams
 (``torch_rbln._C._enqueue``, the entry point queued copies use) to have work that is still

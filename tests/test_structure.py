@@ -1,4 +1,4 @@
-"""The package's shape: no import circle between its modules, and the README's layout section
+"""The package's shape: no import circle between its modules, and docs/layout.md
 names every module there is (and none that is gone)."""
 
 from __future__ import annotations
@@ -81,17 +81,15 @@ def test_cycle_finder_finds_a_circle():
 
 
 def _layout_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Layout of the code", 1)[1]
-    return section.split("```", 2)[1]
+    return (ROOT / "docs" / "layout.md").read_text().split("```", 2)[1]
 
 
-def test_readme_layout_names_every_module():
+def test_docs_layout_names_every_module():
     block = _layout_block()
     named = set(re.findall(r"[\w]+\.py\b", block))
     files = {p.name for p in PKG.rglob("*.py")}
     folders = {p.parent.relative_to(PKG).as_posix() + "/" for p in PKG.rglob("*.py")} - {"./"}
-    assert files - named == set(), "modules missing from the README's layout section"
-    assert named - files == set(), "the README's layout section names modules that do not exist"
+    assert files - named == set(), "modules missing from docs/layout.md"
+    assert named - files == set(), "docs/layout.md names modules that do not exist"
     for folder in folders:
         assert f" {folder} " in block or f" {folder}\n" in block, folder

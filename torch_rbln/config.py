@@ -458,7 +458,7 @@ INERT = {
 
 
 def describe() -> list[tuple[str, str, str, str, str]]:
-    """(name, default, values, read at, meaning) rows, for the README table and diagnose."""
+    """(name, default, values, read at, meaning) rows, for docs/env.md and diagnose."""
     return [(v.name, _show_default(v.default), v.values, v.read_at, v.meaning)
             for v in VARS.values()]
 

@@ -1,5 +1,5 @@
-"""torch.rbln device management: counts, selection, properties, topology (README "torch.rbln
-API" and "Several devices")."""
+"""torch.rbln device management: counts, selection, properties, topology (docs/torch-rbln.md ("torch.rbln
+API") and "Several devices")."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def is_tf32_supported() -> bool:
 
 def can_device_access_peer(device, peer_device) -> bool:
     """Whether ``device`` reads ``peer_device``'s memory directly: never; data between logical
-    devices goes through the host (README "Several devices")."""
+    devices goes through the host (docs/several-devices.md ("Several devices"))."""
     _check_index(_get_device_index(device))
     _check_index(_get_device_index(peer_device))
     return False

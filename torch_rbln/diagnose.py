@@ -15,7 +15,7 @@ initialised; it imports torch itself only to check it, and prints the whole repo
   variable, value and what is accepted; ``verdict: OK`` or ``verdict: FAILED -- ...``);
 * the environment variables that affect the backend; the Python interpreter.
 
-README: "Diagnose and environment variables".
+docs/diagnose.md ("Diagnose and environment variables").
 """
 
 from __future__ import annotations

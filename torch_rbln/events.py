@@ -15,7 +15,7 @@ Device programs and physical copies are recorded through :func:`record_program` 
 :func:`record_copy` (in C++: ``events::record_program`` / ``record_copy``): while a
 ``torch.profiler`` session with ``ProfilerActivity.PrivateUse1`` records, the same call also
 hands the event to the profiler as a device activity (``csrc/Profiler.cpp``), so the profiler
-and explain read one stream. README: "Profiling".
+and explain read one stream. docs/profiling.md ("Profiling").
 
 Kinds and their keys (each counter is ``[count, amount]``; amount is bytes or nanoseconds):
 

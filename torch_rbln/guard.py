@@ -5,7 +5,7 @@ raises :class:`GuardError` at the first CPU fallback in the block, naming the op
 the user's line, and logs every device->host transfer. A listener on the event stream, attached
 only while a guard is open; a guard covers the thread that opened it, and nested guards override
 the signals they name. ``TORCH_RBLN_DISABLE_FALLBACK`` (process-wide, per fallback category) is
-independent of it. README: "torch.rbln.guard".
+independent of it. docs/debugging.md ("torch.rbln.guard").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the extension loads. At INFO every op that ran on the CPU logs
 
 followed by ``UserWarning("TRACE")`` attributed to the user's own source line, so Python's
 warning machinery prints ``file.py:N`` and the code line. The log is a listener on the event
-stream; it keeps no counts of its own. README: "CPU fallback".
+stream; it keeps no counts of its own. docs/debugging.md ("CPU fallback").
 
 An op compiled again for a new cache key logs what differs from its closest earlier program,
 one line per differing part (``dispatch/recompile_causes.py``):

@@ -1,5 +1,5 @@
-"""torch.rbln memory statistics and allocator control, torch.cuda-style (README "Device tensors
-and memory")."""
+"""torch.rbln memory statistics and allocator control, torch.cuda-style (docs/tensors-and-memory.md ("Device tensors
+and memory"))."""
 
 from __future__ import annotations
 
@@ -202,8 +202,8 @@ def caching_allocator_delete(mem_ptr: int) -> None:
 
 
 def get_allocator_backend() -> str:
-    """The device allocator: the arena's caching allocator (README "Device tensors and
-    memory"); there is no other."""
+    """The device allocator: the arena's caching allocator (docs/tensors-and-memory.md ("Device tensors and
+    memory")); there is no other."""
     return "native"
 
 

@@ -1,5 +1,5 @@
 """torch.cuda functions whose meaning is device-generic but which the virtual NPU cannot answer:
-each raises, naming why (README "torch.rbln API"). The reasons are data: one line per name."""
+each raises, naming why (docs/torch-rbln.md ("torch.rbln API")). The reasons are data: one line per name."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
 Each measured test runs its body (the call phase; fixtures are not counted, so a fixture is the
 place to warm programs up) inside a non-exclusive explain region, so the test's own
 ``torch.rbln.explain()`` regions still open. Without these options and markers the plugin does
-nothing: it opens no region and imports nothing beyond pytest. README: "pytest plugin".
+nothing: it opens no region and imports nothing beyond pytest. docs/debugging.md ("pytest plugin").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """torch.rbln RNG: one default generator per logical device (``runtime/generators.py``); random
 ops on rbln tensors draw from the generator of their device (or the ``generator=`` given), so
 ``torch.rbln.manual_seed`` makes them reproducible independently of the CPU generator.
-README: "torch.rbln API"."""
+docs/torch-rbln.md ("torch.rbln API")."""
 
 from __future__ import annotations
 

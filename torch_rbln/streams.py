@@ -1,4 +1,4 @@
-"""torch.rbln streams and events (README "Streams and events").
+"""torch.rbln streams and events (docs/torch-rbln.md ("Streams and events")).
 
 A stream is an in-order queue of device work; an event marks a point of a stream's queue.
 The virtual NPU runs each program to completion when it is launched, so an op is done when the

@@ -4,7 +4,7 @@ A frame is library code when its file lies in torch, in this package or in the s
 (third-party packages installed below it, a model library say, count as the user's), or when it
 is Python's import machinery (``<frozen ...>``). Every other frame is the user's: their scripts,
 ``<string>`` under ``python -c``, ``<stdin>``. Used by the CPU-fallback log's ``TRACE`` warning,
-the ``out=`` resize warning and ``explain(with_stack=True)`` (README, "torch.rbln.explain").
+the ``out=`` resize warning and ``explain(with_stack=True)`` (docs/debugging.md ("torch.rbln.explain")).
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ def _classify(filename: str) -> bool:
     if path.startswith(_LIBRARIES):
         return True
     return path.startswith(_STDLIB) and "-packages" + os.sep not in path
+
+
+def treat_as_library(*paths: str) -> None:
+    """Count frames of files under ``paths`` (files or folders) as library code too: for a
+    harness that runs user code through frames of its own (the docs tests, a notebook runner),
+    so call sites name the user's lines only."""
+    global _LIBRARIES
+    _LIBRARIES += tuple(os.path.abspath(p) + ("" if os.path.isfile(p) else os.sep) for p in paths)
+    _is_library_cache.clear()
 
 
 def is_library(filename: str) -> bool:

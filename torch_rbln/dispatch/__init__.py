@@ -1,1 +1,1 @@
-"""Dispatch: what happens to one aten op on an rbln tensor (README "Eager execution")."""
+"""Dispatch: what happens to one aten op on an rbln tensor (docs/eager.md ("Eager execution"))."""

@@ -2,7 +2,7 @@
 
 The device attention program takes its dropout mask as an input: the forward draws a seed from
 the device's generator and returns it as the op's ``philox_seed``; the backward rebuilds the
-same mask from that seed (README "Eager execution", attention).
+same mask from that seed (docs/eager.md ("Eager execution"), attention).
 """
 
 from __future__ import annotations

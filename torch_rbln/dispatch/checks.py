@@ -5,7 +5,7 @@ every call.
 into one pass over the operands (a test holds the two equal on random inputs). With
 ``TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK`` set (read on every dispatch, warns once) the rules it
 names are skipped and the rule set runs as it is written. The rules and their reason codes:
-README, section "Pre-dispatch checks".
+docs/eager.md ("Pre-dispatch checks").
 """
 
 from __future__ import annotations

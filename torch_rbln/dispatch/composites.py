@@ -12,7 +12,7 @@
   Function whose backward is the device's ``aten::linear_backward``; otherwise (no_grad, or no
   input requiring grad) it goes straight to the device kernel.
 
-README: "Pre-dispatch checks" (the SDPA gate) and "Autograd".
+docs/eager.md ("Pre-dispatch checks") (the SDPA gate) and "Autograd".
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The copy engine: every copy that touches an rbln tensor (``copy_``, ``.to()``, ``.item()``).
 
-Which copy runs where and what it reports is the README's copy table (section "Device tensors
-and memory").
+Which copy runs where and what it reports is the copy table of docs/tensors-and-memory.md.
 """
 
 from __future__ import annotations

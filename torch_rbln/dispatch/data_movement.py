@@ -12,7 +12,7 @@ copies are accounted as the runtime's ``v2v_multi`` / ``v2v`` primitives.
 A batched copy the runtime cannot plan (sources of different dtypes, or a CPU tensor among
 rbln ones) falls back to a CPU op: ``bounce strided_v2v_cpu_fallback``, a WARNING, and with
 ``TORCH_RBLN_DISABLE_FALLBACK=strided_copy_error`` (read at each check) the error instead.
-README: "Eager execution" (the routes table).
+docs/eager.md ("Eager execution") (the routes table).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ output becomes the output tensor's device buffer, so nothing is copied.
 
 A failed check sends the op to the CPU (``cpu_fallback`` with its reason): through the host
 fast path for ops that have one (compute on the host views directly), else through the boxed
-CPU fallback. README: "Eager execution".
+CPU fallback. docs/eager.md ("Eager execution").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ inputs, several outputs, TensorList arguments and results, optional tensors, mix
 arguments, 0-dim tensors and Python scalars. Each rbln argument is read on the host (a physical
 ``d2h`` only if its latest data is on the device); arguments the op writes become host-latest;
 fresh results become rbln tensors on the first rbln argument's device without a copy (their
-host view is the CPU result's memory). README: "CPU fallback".
+host view is the CPU result's memory). docs/debugging.md ("CPU fallback").
 """
 
 from __future__ import annotations

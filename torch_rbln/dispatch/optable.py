@@ -27,7 +27,7 @@ Fields of :class:`OpEntry`:
 * ``autograd``   an AutogradPrivateUse1 kernel for a CompositeImplicit op (``"linear"``: a
   Function whose backward is ``aten::linear_backward``), so autograd records it
 
-README: "Eager execution" (the routes and the device ops).
+docs/eager.md ("Eager execution") (the routes and the device ops).
 """
 
 from __future__ import annotations

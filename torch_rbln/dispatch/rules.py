@@ -4,7 +4,7 @@ Eager dispatch (``checks.py``, per call) and graph placement (``graph/placement.
 node) both ask these rules. An op-specific gate (:data:`GATES`, the reference's kernel-level
 checks) runs first, then :data:`RULES` in order; the first failure sends the op to the CPU and
 its reason code is what explain and the log report. The order, reason codes and skip names are
-the README's table (section "Pre-dispatch checks"); a test keeps the two equal.
+the table of docs/eager.md ("Pre-dispatch checks"); a test keeps the two equal.
 
 A graph decides only the rules that depend on metadata a trace fixes (``Rule.graph``): thread
 state (trace, dispatch mode, reentrancy) means nothing for a compiled graph, and storage

@@ -2,7 +2,7 @@
 
 Not a timing profiler. A region counts hidden host overhead -- CPU fallbacks, compiles, host
 round trips of copies, slow device copies -- from the one event stream (``torch_rbln.events``),
-names the cause and the change to make, and renders it as a table. README: "torch.rbln.explain".
+names the cause and the change to make, and renders it as a table. docs/debugging.md ("torch.rbln.explain").
 """
 
 from .diff import RBLNDiff

@@ -18,7 +18,7 @@ Pipeline per Dynamo graph (one compile id, ``"0/0"``, ``"0/1"`` ...):
 
 Each compiled aten graph is one ``recompile`` event keyed ``graph <compile id>`` (the backward
 ``graph <compile id> backward``) carrying its compile time, and one :class:`CompiledProgram` for
-``torch.rbln.capture_programs()``. README: "Graph mode".
+``torch.rbln.capture_programs()``. docs/graph-mode.md ("Graph mode").
 """
 
 from __future__ import annotations

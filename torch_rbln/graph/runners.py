@@ -1,6 +1,6 @@
 """Partition runners: one launch on device buffers, or a host run reported like eager fallbacks.
 
-Residency follows eager's rules (README, "Device tensors and memory") at every crossing:
+Residency follows eager's rules (docs/tensors-and-memory.md ("Device tensors and memory")) at every crossing:
 
 * graph inputs are rbln tensors: a device partition reads them on the device (``device_read``:
   an ``h2d`` push only if the host holds the latest data), a host partition on the host

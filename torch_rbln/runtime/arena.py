@@ -6,7 +6,7 @@ RAM standing in for device DRAM. Requests are rounded up to ``BLOCK_ROUND`` byte
 stay cached (``reserved``) for reuse by a request of the same rounded size until
 :meth:`Arena.empty_cache`. An arena refuses to reserve past its capacity: it first releases its
 cache and retries (``num_alloc_retries``), then raises ``torch.OutOfMemoryError`` and leaves
-every statistic as it was (``num_ooms`` aside). README: "Device tensors and memory".
+every statistic as it was (``num_ooms`` aside). docs/tensors-and-memory.md ("Device tensors and memory").
 """
 
 from __future__ import annotations

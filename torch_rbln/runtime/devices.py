@@ -12,7 +12,7 @@ Two things are read from the environment, at two different times:
   host).
 
 Nothing here imports torch, so ``python -m torch_rbln.diagnose`` can plan the mapping on a
-machine where ``import torch`` fails. README: "Several devices".
+machine where ``import torch`` fails. docs/several-devices.md ("Several devices").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Random generators of the logical devices (README "Random numbers").
+"""Random generators of the logical devices (docs/torch-rbln.md ("Random numbers")).
 
 The native core keeps one default generator per logical device and makes
 ``torch.Generator(device="rbln")`` work. Random ops run on the host (the CPU fallback), whose

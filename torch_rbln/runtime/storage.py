@@ -12,8 +12,8 @@ module is its Python face. ``state_of(t)`` gives the :class:`StorageState` of ``
 * ``finite_dtype``: the dtype as which the NaN/Inf scan found the whole storage finite (cleared
   by every write), so unchanged weights are scanned once.
 
-The transitions between the states, and the transfers they record, are the README's residency
-table (section "Device tensors and memory").
+The transitions between the states, and the transfers they record, are the residency
+table of docs/tensors-and-memory.md.
 
 The state lives exactly as long as the storage: the data pointer's deleter returns the device
 block to the arena and the host memory to the pool.
