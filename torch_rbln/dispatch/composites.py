@@ -10,7 +10,8 @@
 * ``linear`` under autograd: ``aten::linear`` is CompositeImplicit, so a PrivateUse1 kernel for
   it would leave autograd without a formula. With autograd recording, the op runs through a
   Function whose backward is the device's ``aten::linear_backward``; otherwise (no_grad, or no
-  input requiring grad) it goes straight to the device kernel.
+  input requiring grad) it goes straight to the device kernel. Its backward is itself
+  differentiable when the graph is kept (double backward), as PyTorch's own linear is.
 
 README: "Pre-dispatch checks" (the SDPA gate) and "Autograd".
 """
@@ -54,6 +55,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
+        ctx.bias_shape = bias.shape if bias is not None else None
         with _below_autograd():
             return _linear(x, weight, bias)
 
@@ -62,9 +64,27 @@ class _Linear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need = ctx.needs_input_grad
         mask = [need[0], need[1], ctx.has_bias and need[2]]
-        dx, dw, db = _linear_backward(x, grad, weight, mask)
+        if torch.is_grad_enabled() or weight.dim() == 1:
+            # double backward (create_graph=True): aten::linear_backward has no derivative,
+            # so its results would be constants to the second pass; differentiable ops instead
+            # (and for a 1-D weight, which the device's linear_backward does not take)
+            dx, dw, db = _linear_backward_differentiable(x, grad, weight, mask, ctx.bias_shape)
+            if dw is not None:
+                dw = dw.reshape(weight.shape)
+        else:
+            dx, dw, db = _linear_backward(x, grad, weight, mask)
         # traced (torch.compile), the op's meta kernel returns all three whatever the mask
         return tuple(g if m else None for g, m in zip((dx, dw, db), mask))
+
+
+def _linear_backward_differentiable(x, grad, weight, mask, bias_shape):
+    if weight.dim() == 1:       # F.linear with a 1-D weight: one output feature, squeezed
+        weight, grad = weight.unsqueeze(0), grad.unsqueeze(-1)
+    g2 = grad.reshape(-1, grad.shape[-1])
+    dx = grad.matmul(weight) if mask[0] else None
+    dw = g2.t().matmul(x.reshape(-1, x.shape[-1])) if mask[1] else None
+    db = g2.sum(0).reshape(bias_shape) if mask[2] else None
+    return dx, dw, db
 
 
 def linear_autograd(x, weight, bias=None):
