@@ -4,6 +4,7 @@ compares with the same module on the CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -123,8 +124,11 @@ def test_linear_second_order_gradients_match_cpu(x_shape, w_shape, bias):
 
 @pytest.mark.parametrize("swap", [False, True])
 def test_to_empty_from_meta(swap):
+    """As for CUDA: a meta module's ``to_empty`` gives fresh Parameters (the same objects with
+    ``swap_module_params_on_conversion``)."""
     with torch.device("meta"):
         m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    before = [id(p) for p in m.parameters()]
     old = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(swap)
     try:
@@ -134,3 +138,39 @@ def test_to_empty_from_meta(swap):
     for t in (*m.parameters(), *m.buffers()):
         assert t.device.type == "rbln"
     assert all(isinstance(p, nn.Parameter) for p in m.parameters())
+    after = [id(p) for p in m.parameters()]
+    assert all((a == b) == swap for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("make,shape,fmt", [
+    (lambda: nn.GroupNorm(2, 4), (2, 4, 3, 3), torch.channels_last),
+    (lambda: nn.ReflectionPad3d(1), (2, 3, 4, 4, 4), torch.channels_last_3d),
+    (lambda: nn.ReplicationPad2d(1), (2, 3, 4, 4), torch.channels_last),
+    (lambda: nn.ReplicationPad3d(1), (2, 3, 4, 4, 4), torch.channels_last_3d)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channels_last_modules_match_cpu(make, shape, fmt, dtype):
+    """Channels-last input: the same values as the CPU, and the CPU's output memory format."""
+    cpu, dev = _pair(lambda: make().to(dtype))
+    x = torch.randn(shape, dtype=dtype).to(memory_format=fmt)
+    y, yd = cpu(x), dev(x.to("rbln"))
+    torch.testing.assert_close(yd.cpu(), y)
+    assert yd.is_contiguous(memory_format=fmt) == y.is_contiguous(memory_format=fmt)
+
+
+def test_float64_attention_double_backward_matches_cpu():
+    """float64 attention takes PyTorch's math path on rbln, as on CUDA, whose backward is
+    itself differentiable (the fused attention backward is not; the CPU reference is pinned to
+    the math path, since the CPU's own choice for 4-D float64 is its flash kernel)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    cpu, dev = _pair(lambda: nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0,
+                                                       batch_first=True).double())
+    x = torch.randn(2, 3, 8, dtype=torch.double)
+    mem = torch.randn(2, 4, 8, dtype=torch.double)
+    res = []
+    for m, dv in ((cpu, "cpu"), (dev, "rbln")):
+        xx = x.to(dv).requires_grad_()
+        with sdpa_kernel(SDPBackend.MATH) if dv == "cpu" else contextlib.nullcontext():
+            (g,) = torch.autograd.grad(m(xx, mem.to(dv)).pow(2).sum(), xx, create_graph=True)
+            (gg,) = torch.autograd.grad(g.pow(2).sum(), xx)
+        res.append(gg)
+    torch.testing.assert_close(res[1].cpu(), res[0], rtol=1e-5, atol=1e-5)

@@ -62,8 +62,11 @@ def _module_apply() -> None:
     tls = threading.local()
 
     def _moved_with_rbln(old, new) -> bool:
-        return new is not old and type(new) is type(old) and "rbln" in (old.device.type,
-                                                                        new.device.type)
+        # not from meta (``to_empty``): PyTorch gives a meta module fresh Parameters on any
+        # device, CUDA included, and its own tests check that it does
+        kinds = (old.device.type, new.device.type)
+        return (new is not old and type(new) is type(old) and "rbln" in kinds
+                and "meta" not in kinds)
 
     def _apply(self, fn, recurse=True):
         if getattr(tls, "busy", False):

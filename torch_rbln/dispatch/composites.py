@@ -1,8 +1,8 @@
 """PrivateUse1 entry points PyTorch calls in place of a regular op, and autograd kernels.
 
 * ``_fused_sdp_choice``: SDPA backend selection. ``overrideable`` (the device attention kernel,
-  ``_scaled_dot_product_fused_attention_overrideable``) when q, k and v are all 4-D, ``math``
-  (PyTorch's decomposition into matmul/softmax, each a device op) otherwise.
+  ``_scaled_dot_product_fused_attention_overrideable``) when q, k and v are all 4-D and not
+  float64, ``math`` (PyTorch's decomposition into matmul/softmax, each a device op) otherwise.
 * ``scaled_dot_product_attention``: PyTorch's C++ SDPA consults a per-backend selection stub
   that only C++ can register for PrivateUse1, so the selection is applied here, on the
   PrivateUse1 and AutogradPrivateUse1 keys: the overrideable op (whose autograd formula calls
@@ -25,7 +25,9 @@ _MATH, _OVERRIDEABLE = 0, 4     # torch.nn.attention.SDPBackend values
 
 def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                      scale=None, enable_gqa=False):
-    if query.dim() == 4 and key.dim() == 4 and value.dim() == 4:
+    # float64 takes the math path, as on CUDA (whose fused kernels take no float64 either):
+    # its backward is differentiable, so double backward (gradgradcheck) works
+    if query.dim() == 4 and key.dim() == 4 and value.dim() == 4 and query.dtype != torch.float64:
         return _OVERRIDEABLE
     return _MATH
 
