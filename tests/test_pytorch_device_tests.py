@@ -1,14 +1,16 @@
 """PyTorch's own device-generic test files pass on rbln wherever they pass on the CPU.
 
 The files (``test_view_ops.py``, ``test_indexing.py``, ``test_shape_ops.py``,
-``test_tensor_creation_ops.py``) come from a PyTorch checkout's ``test/`` folder, named by
-``$TORCH_RBLN_PYTORCH_TESTS`` (default ``../shared/third_party/pytorch-tests``); where there is
-none, these tests skip. ``bench/pytorch_device_tests.py`` runs them: both devices in one process,
-compared test by test. Excepted, as its ``EXCEPTED`` table says why: sparse and quantized layouts
-(a clear error) and the accelerator-only checks that a CPU operand is rejected.
+``test_tensor_creation_ops.py``, ``test_modules.py``, ``test_unary_ufuncs.py``) come from a
+PyTorch checkout's ``test/`` folder, named by ``$TORCH_RBLN_PYTORCH_TESTS`` (default
+``../shared/third_party/pytorch-tests``); a test whose files are not there skips.
+``bench/pytorch_device_tests.py`` runs them: both devices in one process, compared test by
+test. Excepted, as its ``EXCEPTED`` table says why: sparse and quantized layouts (a clear
+error), the accelerator-only checks that a CPU operand is rejected, and ``Module.to`` keeping
+TensorImpls (PyTorch's "dense" device types only).
 
-Default: a fast subset (views and indexing, one process); ``--runslow``: every test of every
-file, one process per file (minutes each).
+Default: fast subsets (views and indexing; recurrent and lazy modules); ``--runslow``: every
+test of every file, one process per file (minutes each).
 """
 
 from __future__ import annotations
@@ -27,10 +29,14 @@ _spec.loader.exec_module(runner)
 
 TESTS = Path(os.environ.get("TORCH_RBLN_PYTORCH_TESTS", runner.DEFAULT_TESTS))
 
-pytestmark = pytest.mark.skipif(
-    not all((TESTS / f).is_file() for f in runner.FILES),
-    reason=f"PyTorch's test files are not at {TESTS} (set TORCH_RBLN_PYTORCH_TESTS to a "
-           f"pytorch checkout's test/ folder)")
+
+
+def _need(*files):
+    """Skip unless each of ``files`` is in the PyTorch test folder."""
+    missing = [f for f in files if not (TESTS / f).is_file()]
+    if missing:
+        pytest.skip(f"PyTorch's {', '.join(missing)} not at {TESTS} (set "
+                    f"TORCH_RBLN_PYTORCH_TESTS to a pytorch checkout's test/ folder)")
 
 # views and their write-through, advanced indexing (get, set, accumulate): one process, about
 # forty tests per device
@@ -53,10 +59,23 @@ def _assert_matches_cpu(files, kexpr, least):
 
 
 def test_fast_subset_matches_cpu():
+    _need(*FAST_FILES)
     _assert_matches_cpu(FAST_FILES, FAST, least=30)
+
+
+# recurrent modules (the fused RNN cell ops: forward and backward) and a lazy module moved to
+# rbln (UninitializedParameter), on both devices
+MODULES_FAST = ("(test_non_contiguous_tensors and (nn_GRU_ or nn_LSTM_) and train_mode and "
+                "float32) or (test_forward and nn_LazyConv2d_ and float32)")
+
+
+def test_modules_rnn_and_lazy_match_cpu():
+    _need("test_modules.py")
+    _assert_matches_cpu("test_modules.py", MODULES_FAST, least=3)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fname", runner.FILES)
 def test_file_matches_cpu(fname):
+    _need(fname)
     _assert_matches_cpu(fname, None, least=50)

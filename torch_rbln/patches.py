@@ -51,16 +51,22 @@ def _module_apply() -> None:
     takes its new contents in the old object (``torch.utils.swap_tensors``, which PyTorch itself
     uses for ``swap_module_params_on_conversion``), and every slot that held it holds it again.
     Where a swap is refused (e.g. a weak reference to the parameter), the slots share the new
-    object, so tied weights still stay tied."""
+    object, so tied weights still stay tied. A lazy module's ``UninitializedParameter`` stays
+    one (PyTorch's fresh Parameter would be an empty initialized weight, which the lazy module
+    then never materializes)."""
     import threading
 
     import torch
+    from torch.nn.parameter import is_lazy
     orig_apply = torch.nn.Module._apply
     tls = threading.local()
 
     def _moved_with_rbln(old, new) -> bool:
-        return new is not old and type(new) is type(old) and "rbln" in (old.device.type,
-                                                                        new.device.type)
+        # not from meta (``to_empty``): PyTorch gives a meta module fresh Parameters on any
+        # device, CUDA included, and its own tests check that it does
+        kinds = (old.device.type, new.device.type)
+        return (new is not old and type(new) is type(old) and "rbln" in kinds
+                and "meta" not in kinds)
 
     def _apply(self, fn, recurse=True):
         if getattr(tls, "busy", False):
@@ -76,6 +82,12 @@ def _module_apply() -> None:
             tls.busy = False
         for old, slots in before.values():
             keep = getattr(*slots[0])
+            if (keep is not old and is_lazy(old) and not is_lazy(keep)
+                    and "rbln" in (old.device.type, keep.device.type)):
+                # a lazy module's UninitializedParameter came back a plain (empty) Parameter:
+                # it stays uninitialized, on the new device and dtype, as on CUDA
+                keep = torch.nn.UninitializedParameter(old.requires_grad, device=keep.device,
+                                                       dtype=keep.dtype)
             if _moved_with_rbln(old, keep):
                 try:
                     torch.utils.swap_tensors(old, keep)

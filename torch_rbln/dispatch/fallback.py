@@ -27,8 +27,11 @@ _HOST_TWIN = ("aten::convolution_overrideable", "aten::convolution_backward_over
 # Structured functional ops routed to the catch-all as they are, instead of through PyTorch's
 # structured wrapper, which would run the op's checks once on rbln and again inside the CPU's
 # out= kernel: each warning of those checks (indexing with a uint8 mask is deprecated) would
-# then appear twice, where the CPU gives it once.
-_FUNCTIONAL_AS_IS = ("index.Tensor",)
+# then appear twice, where the CPU gives it once. Likewise the padding ops whose CPU kernel
+# gives a channels-last result for a channels-last input: the wrapper would allocate a
+# contiguous output first, and the result would lose the input's memory format.
+_FUNCTIONAL_AS_IS = ("index.Tensor", "reflection_pad3d", "reflection_pad3d_backward",
+                     "replication_pad2d", "replication_pad3d")
 
 # out= forms whose CompositeExplicit kernel checks the device type before any backend kernel
 # runs ("mode only supports CPU, CUDA and XPU device type"): registered for rbln, they run the

@@ -153,6 +153,6 @@ HOST_OPS = (
     "sign.out", "signbit.out", "pow.Tensor_Tensor_out", "pow.Scalar_out",
     "linalg_vector_norm.out", "_linalg_svd.U", "addcmul.out", "isnan", "isposinf.out",
     "isneginf.out", "nan_to_num.out", "isin.Tensor_Tensor_out", "tril.out", "triu.out", "relu",
-    "native_batch_norm", "logit_backward.grad_input", "sigmoid_backward.grad_input",
+    "native_batch_norm", "native_group_norm", "logit_backward.grad_input", "sigmoid_backward.grad_input",
     "tanh_backward.grad_input", "unfold_backward", "native_dropout_backward",
 )
