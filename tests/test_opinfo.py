@@ -133,20 +133,17 @@ def _known(op, dtype):
     return KNOWN.get((name, str(dtype)[6:])) or KNOWN.get((name, "*"))
 
 
-@pytest.mark.parametrize("op,dtype", _params())
-def test_opinfo(op, dtype, request):
-    full = request.config.getoption("--runslow") or os.environ.get("TORCH_RBLN_RUNSLOW") == "1"
-    limit = None if full else SAMPLES
-    stats = STATS[str(dtype)[6:]]
-    known = _known(op, dtype)
-    random_op = op.name in RANDOM_OPS
-    failures = []
+_NOT_COUNTED = object()     # a reference that says: the CPU cannot run this sample
+
+
+def _sweep(samples, limit, stats, known, reference, check, what):
+    """Run up to ``limit`` samples, each under ``SAMPLE_TIMEOUT_S``: ``reference(sample, i)`` on
+    the CPU (a sample it cannot run, or ``_NOT_COUNTED``, is not counted), then
+    ``check(sample, ref, i)`` on rbln; tally ``stats`` and fail (or xfail when ``known``)
+    naming the first differing sample."""
+    ran, failures = 0, []
     old = signal.signal(signal.SIGALRM, _alarm)
     try:
-        ran = 0
-        # samples are built for the device under test (as PyTorch's device tests do: the
-        # sample function decides which operands live on the device); the CPU runs copies
-        samples = op.sample_inputs("rbln", dtype, requires_grad=False)
         while limit is None or ran < limit:
             signal.alarm(SAMPLE_TIMEOUT_S)
             try:
@@ -161,39 +158,58 @@ def test_opinfo(op, dtype, request):
             finally:
                 signal.alarm(0)
             try:
-                with warnings.catch_warnings(record=True) as cpu_warnings:
-                    warnings.simplefilter("always")
-                    torch.manual_seed(0)
-                    expected = op(_to_cpu(sample.input), *_to_cpu(sample.args),
-                                  **_to_cpu(sample.kwargs))
-            except Exception:
-                continue            # the CPU cannot run this sample: not counted
+                ref = reference(sample, ran)
+            except Exception:   # noqa: BLE001 - the CPU cannot run this sample: not counted
+                continue
+            if ref is _NOT_COUNTED:
+                continue
             ran += 1
             stats["ran"] += 1
             signal.alarm(SAMPLE_TIMEOUT_S)
             try:
-                with warnings.catch_warnings():
-                    # where the CPU warns nothing, rbln must not warn either (a warning the
-                    # CPU gives once may already have been given: then nothing is checked)
-                    warnings.simplefilter("error" if not cpu_warnings else "ignore")
-                    torch.manual_seed(0)
-                    actual = op(sample.input, *sample.args, **sample.kwargs)
-                _compare(actual, expected, dtype, random_op)
+                check(sample, ref, ran - 1)
             except Exception as e:  # noqa: BLE001 - every failure is reported below
                 failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             finally:
                 signal.alarm(0)
     finally:
         signal.signal(signal.SIGALRM, old)
-    if not failures:
-        stats["matched"] += ran
-        return
     stats["matched"] += ran - len(failures)
+    if not failures:
+        return
     if known:
         stats["known"] += len(failures)
         pytest.xfail(f"known: {known}")
     stats["new"] += len(failures)
-    pytest.fail(f"{len(failures)}/{ran} samples differ on rbln: {failures[0]}")
+    pytest.fail(f"{len(failures)}/{ran} {what} differ on rbln: {failures[0]}")
+
+
+@pytest.mark.parametrize("op,dtype", _params())
+def test_opinfo(op, dtype, request):
+    full = request.config.getoption("--runslow") or os.environ.get("TORCH_RBLN_RUNSLOW") == "1"
+    random_op = op.name in RANDOM_OPS
+
+    def reference(sample, i):
+        with warnings.catch_warnings(record=True) as cpu_warnings:
+            warnings.simplefilter("always")
+            torch.manual_seed(0)
+            expected = op(_to_cpu(sample.input), *_to_cpu(sample.args), **_to_cpu(sample.kwargs))
+        return expected, cpu_warnings
+
+    def check(sample, ref, i):
+        expected, cpu_warnings = ref
+        with warnings.catch_warnings():
+            # where the CPU warns nothing, rbln must not warn either (a warning the CPU gives
+            # once may already have been given: then nothing is checked)
+            warnings.simplefilter("error" if not cpu_warnings else "ignore")
+            torch.manual_seed(0)
+            actual = op(sample.input, *sample.args, **sample.kwargs)
+        _compare(actual, expected, dtype, random_op)
+
+    # samples are built for the device under test (as PyTorch's device tests do: the sample
+    # function decides which operands live on the device); the CPU runs copies
+    _sweep(op.sample_inputs("rbln", dtype, requires_grad=False), None if full else SAMPLES,
+           STATS[str(dtype)[6:]], _known(op, dtype), reference, check, "samples")
 
 
 # ------------------------------------------------------------------------------------------
@@ -487,63 +503,31 @@ def _compare_grads(actual, expected, dtype, metadata_only=False):
 @pytest.mark.parametrize("op,dtype", _grad_params())
 def test_opinfo_grad(op, dtype, request):
     full = request.config.getoption("--runslow") or os.environ.get("TORCH_RBLN_RUNSLOW") == "1"
-    limit = None if full else GRAD_SAMPLES
     stats = STATS["grad-" + str(dtype)[6:]]
-    known = _known_grad(op, dtype)
-    ran, failures = 0, []
-    old = signal.signal(signal.SIGALRM, _alarm)
-    try:
-        samples = op.sample_inputs("rbln", dtype, requires_grad=True)
-        while limit is None or ran < limit:
-            signal.alarm(SAMPLE_TIMEOUT_S)
-            try:
-                sample = next(samples)
-            except StopIteration:
-                break
-            except Exception as e:  # noqa: BLE001 - building the sample on rbln failed
-                failures.append(f"sample on rbln: {type(e).__name__}: {e}")
-                ran += 1
-                stats["ran"] += 1
-                break
-            finally:
-                signal.alarm(0)
-            try:
-                torch.manual_seed(0)
-                cpu_mask, expected = _input_grads(
-                    op, sample, _grad_leaves(sample.input), _grad_leaves(sample.args),
-                    _grad_leaves(sample.kwargs), ran, "cpu")
-            except Exception:   # noqa: BLE001 - the CPU cannot run this sample: not counted
-                continue
-            if expected is None:
-                continue        # nothing differentiable in this sample
-            ran += 1
-            stats["ran"] += 1
-            signal.alarm(SAMPLE_TIMEOUT_S)
-            try:
-                torch.manual_seed(0)
-                mask, actual = _input_grads(op, sample, sample.input, sample.args,
-                                            sample.kwargs, ran - 1, "rbln")
-                assert mask == cpu_mask, f"differentiable outputs {mask}, CPU {cpu_mask}"
-                try:
-                    _compare_grads(actual, expected, dtype, _random_sample(sample))
-                except AssertionError:
-                    if not _closer_to_float64(op, sample, ran - 1, actual, expected, dtype):
-                        raise
-                    stats["closer_than_cpu"] += 1
-            except Exception as e:  # noqa: BLE001 - every failure is reported below
-                failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            finally:
-                signal.alarm(0)
-    finally:
-        signal.signal(signal.SIGALRM, old)
-    stats["matched"] += ran - len(failures)
-    if not failures:
-        return
-    if known:
-        stats["known"] += len(failures)
-        pytest.xfail(f"known: {known}")
-    stats["new"] += len(failures)
-    pytest.fail(f"{len(failures)}/{ran} samples' gradients differ on rbln: {failures[0]}")
+
+    def reference(sample, i):
+        torch.manual_seed(0)
+        cpu_mask, expected = _input_grads(
+            op, sample, _grad_leaves(sample.input), _grad_leaves(sample.args),
+            _grad_leaves(sample.kwargs), i, "cpu")
+        # nothing differentiable in this sample: not counted
+        return _NOT_COUNTED if expected is None else (cpu_mask, expected)
+
+    def check(sample, ref, i):
+        cpu_mask, expected = ref
+        torch.manual_seed(0)
+        mask, actual = _input_grads(op, sample, sample.input, sample.args, sample.kwargs, i,
+                                    "rbln")
+        assert mask == cpu_mask, f"differentiable outputs {mask}, CPU {cpu_mask}"
+        try:
+            _compare_grads(actual, expected, dtype, _random_sample(sample))
+        except AssertionError:
+            if not _closer_to_float64(op, sample, i, actual, expected, dtype):
+                raise
+            stats["closer_than_cpu"] += 1
+
+    _sweep(op.sample_inputs("rbln", dtype, requires_grad=True), None if full else GRAD_SAMPLES,
+           stats, _known_grad(op, dtype), reference, check, "samples' gradients")
 
 
 def _known_grad(op, dtype):
