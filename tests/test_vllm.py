@@ -284,8 +284,9 @@ def test_a_dead_worker_ends_generation_with_an_error(offline_tp):
     assert k["first"] and all(len(t) == 4 for t in k["first"])
     assert k["error"] is not None, "generate after a worker was killed returned"
     assert k["seconds"] < 120, k                       # the engine noticed, it did not hang
-    # vLLM's executor watches its workers and shuts down when one dies, naming it
-    assert "Worker proc VllmWorker-1 died unexpectedly (exit code: -9)" in offline_tp["log"], k
+    # vLLM's executor also logs "Worker proc VllmWorker-1 died unexpectedly", but from its
+    # monitor thread, which a fresh run showed may not get to it before the engine shuts down:
+    # the error and its timing above are what the engine guarantees
 
 
 # ------------------------------------------------------------------------------------------
