@@ -411,6 +411,16 @@ def _flat_tensors(x, out):
     return out
 
 
+def _map_containers(fn, x):
+    """``fn`` over the items of a list, tuple, namedtuple or dict; a CPU copy of anything else."""
+    if isinstance(x, (list, tuple)):
+        vals = [fn(v) for v in x]
+        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
+    if isinstance(x, dict):
+        return {k: fn(v) for k, v in x.items()}
+    return _to_cpu(x)
+
+
 def _grad_leaves(x):
     """A CPU copy of a sample argument whose copies of the tensors that require grad require
     grad too."""
@@ -418,12 +428,7 @@ def _grad_leaves(x):
         c = _to_cpu(x)
         return c.requires_grad_() if x.requires_grad and c.is_floating_point() or (
             x.requires_grad and c.is_complex()) else c
-    if isinstance(x, (list, tuple)):
-        vals = [_grad_leaves(v) for v in x]
-        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
-    if isinstance(x, dict):
-        return {k: _grad_leaves(v) for k, v in x.items()}
-    return _to_cpu(x)
+    return _map_containers(_grad_leaves, x)
 
 
 def _input_grads(op, sample, inp, args, kwargs, seed, device, draw_dtype=None):
@@ -450,12 +455,7 @@ def _float64(x):
         if c.is_floating_point():
             c = c.double().requires_grad_(x.requires_grad)
         return c
-    if isinstance(x, (list, tuple)):
-        vals = [_float64(v) for v in x]
-        return type(x)(*vals) if hasattr(x, "_fields") else type(x)(vals)
-    if isinstance(x, dict):
-        return {k: _float64(v) for k, v in x.items()}
-    return _to_cpu(x)
+    return _map_containers(_float64, x)
 
 
 def _closer_to_float64(op, sample, seed, actual, expected, dtype) -> bool:
