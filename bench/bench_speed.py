@@ -1,28 +1,45 @@
-"""The speed table: rbln and CPU eager side by side in one process, with the goals.
+"""The speed table: rbln against the host doing the same math the fastest way it can.
 
-    python bench/bench_speed.py [--quick] [--threads N] [--rounds N]
+    python bench/bench_speed.py [--quick] [--threads N] [--rounds N] [--profile]
 
-Rows (docs/performance.md, "Speed on every CPU"):
+The virtual NPU's kernels run on the host CPU, so its limit is the host computing the same model
+the fastest way it can. On a CPU without native fp16/bf16 GEMMs (AVX2 only) that is fp32:
+PyTorch's own half-precision CPU path is several times slower there. Each row therefore times
+three variants, in alternation (one call of each per round, medians), in one process:
+
+* **rbln**: the model in fp16/bf16 on ``device="rbln"``;
+* **CPU same dtype**: the same model in fp16/bf16 on the CPU (PyTorch's half-precision path);
+* **CPU fp32**: the same weights in fp32 on the CPU;
+
+and prints ``rbln / best``, the ratio to the faster CPU variant, with the goal. Rows:
 
 1. warm ``a + a`` on 64 fp16 elements, us per op (the native warm path);
-2. HF Llama forward, hidden 256, 2 layers, seq 64, fp16, ms (rbln eager vs CPU eager);
-3. HF Llama forward, hidden 1024, 4 layers, seq 256, fp16, ms (skipped with ``--quick``);
-4. the small Llama of row 2 under ``torch.compile(backend="rbln")`` vs CPU eager;
-5. an ``explain()`` region around the small forward: the time it adds to the forward.
+2. HF Llama forward, hidden 256, 2 layers, seq 64, fp16;
+3. HF Llama forward, hidden 1024, 4 layers, seq 256, fp16;
+4. the same, bf16, batch 2, seq 128;
+5. HF Llama training step (loss, backward, AdamW), hidden 512, 2 layers, seq 128, bf16;
+6. the small Llama of row 2 under ``torch.compile(backend="rbln")`` against CPU eager;
+7. a Llama-3.2-1B-geometry model (hidden 2048, 32 heads, 8 kv heads, 2 layers, seq 128)
+   forward, bf16: how the ratio moves with size;
+8. peak RSS of the medium bf16 forward (row 4), each variant in a fresh process, against the
+   CPU runs and the size of the weights;
+9. an ``explain()`` region around the small forward: the time it adds.
 
-Each row's variants are timed in alternation (one call of each per round) and the medians
-printed, so a change of load on a shared machine hits both sides alike. The header names the
-CPU, PyTorch's kernel capability and the oneDNN ISA limit in use: force the AVX2 kernel paths
-of an AVX-512/AMX host with ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``. Rows 2-5 need
-``transformers`` (in the test extras); without it they are skipped, saying so.
+``--quick`` keeps rows 1, 2, 5 (small), 6 and 9. ``--profile`` prints, after the table, where
+the medium fp16 forward's time goes on rbln (torch.profiler, CPU activity). The header names the
+CPU, PyTorch's kernel capability and the matmul choice: force the AVX2 kernel paths of an
+AVX-512/AMX host with ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``. Rows 2-9 need
+``transformers`` (in the test extras).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -33,7 +50,7 @@ import torch  # noqa: E402
 
 from bench_runtime import cpu_name  # noqa: E402
 
-H = torch.float16
+H, B = torch.float16, torch.bfloat16
 
 
 def interleaved(fns, rounds: int, calls: int = 1) -> list[float]:
@@ -50,71 +67,87 @@ def interleaved(fns, rounds: int, calls: int = 1) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
-def row(name: str, rbln: float | None, cpu: float | None, unit: str, goal: str,
-        ratio: str | None = None) -> None:
-    if ratio is None:
-        ratio = f"{rbln / cpu:.2f}x" if rbln and cpu else ""
-    cells = [f"{v:.2f} {unit}" if v is not None else "" for v in (rbln, cpu)]
-    print(f"| {name} | {cells[0]} | {cells[1]} | {ratio} | {goal} |", flush=True)
+def row(name: str, rbln, same, fp32, unit: str, goal: str, scale: float = 1e3) -> None:
+    """One table row; times in seconds (printed in ``unit`` after ``scale``)."""
+    best = min(v for v in (same, fp32) if v is not None)
+    cells = [f"{v * scale:.2f} {unit}" if v is not None else "-" for v in (rbln, same, fp32)]
+    print(f"| {name} | {' | '.join(cells)} | {rbln / best:.2f}x | {goal} |", flush=True)
 
 
-def llama(hidden: int, layers: int, seq: int, heads: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(hidden: int, layers: int, heads: int, kv_heads: int, seq: int):
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=1024, hidden_size=hidden,
+                       intermediate_size=hidden * 11 // 4 // 64 * 64, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       max_position_embeddings=max(512, seq))
+
+
+def models(cfg, dtype, train: bool = False):
+    """(fp32 CPU model, ``dtype`` CPU model, ``dtype`` rbln model), the same weights."""
+    from transformers import LlamaForCausalLM
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=hidden,
-                      intermediate_size=hidden * 11 // 4 // 64 * 64, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=heads // 2,
-                      max_position_embeddings=max(512, seq))
-    cpu = LlamaForCausalLM(cfg).to(H).eval()
-    ids = torch.randint(0, cfg.vocab_size, (1, seq))
-    return cpu, copy.deepcopy(cpu).to("rbln"), ids
+    m32 = LlamaForCausalLM(cfg)
+    m32.train(train)
+    same = copy.deepcopy(m32).to(dtype)
+    return m32, same, copy.deepcopy(same).to("rbln")
 
 
 def warm_add(rounds: int) -> None:
     a = torch.arange(64, dtype=H, device="rbln")
-    ac = a.cpu()
+    ac, a32 = a.cpu(), a.cpu().float()
     for _ in range(200):
         a + a
-    from torch_rbln import _C
-
-    on = _C.warm_path_enabled()      # TORCH_RBLN_NATIVE_WARM_PATH
-
-    def python_kernel():
-        _C.set_warm_path(False)
-        a + a
-        _C.set_warm_path(on)
-
-    rb, py, cp = interleaved([lambda: a + a, python_kernel, lambda: ac + ac], rounds=rounds * 3,
-                             calls=5000)
-    row("warm `a + a`, 64 fp16", rb * 1e6, cp * 1e6, "us", "<= 10 us")
-    row("(the same through the Python kernel, for comparison)", py * 1e6, cp * 1e6, "us", "")
+    rb, cp, c32 = interleaved([lambda: a + a, lambda: ac + ac, lambda: a32 + a32],
+                              rounds=rounds * 3, calls=5000)
+    row("warm `a + a`, 64 fp16", rb, cp, c32, "us", "<= 3 us", scale=1e6)
 
 
-def forward_rows(quick: bool, rounds: int) -> None:
-    specs = [("HF Llama h256, 2 layers, seq 64, forward", 256, 2, 64, 4, "<= 1.5x")]
-    if not quick:
-        specs.append(("HF Llama h1024, 4 layers, seq 256, forward", 1024, 4, 256, 16, "<= 1.15x"))
-    small = None
-    for name, hidden, layers, seq, heads, goal in specs:
-        cpu, dev, ids = llama(hidden, layers, seq, heads)
-        dids = ids.to("rbln")
-        with torch.inference_mode():
-            rb, cp = interleaved([lambda: dev(dids).logits.cpu(), lambda: cpu(ids).logits],
-                                 rounds=rounds if hidden <= 256 else max(3, rounds // 2))
-        row(name, rb * 1e3, cp * 1e3, "ms", goal)
-        if small is None:
-            small = (cpu, dev, ids, dids)
-    cpu, dev, ids, dids = small
+def forward(name, cfg, dtype, batch, seq, goal, rounds) -> None:
+    m32, same, dev = models(cfg, dtype)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    dids = ids.to("rbln")
+    with torch.inference_mode():
+        rb, cp, c32 = interleaved([lambda: dev(dids).logits.cpu(), lambda: same(ids).logits,
+                                   lambda: m32(ids).logits], rounds=rounds)
+    row(name, rb, cp, c32, "ms", goal)
 
+
+def training(name, cfg, dtype, seq, goal, rounds) -> None:
+    variants = models(cfg, dtype, train=True)
+    ids = torch.randint(0, cfg.vocab_size, (1, seq))
+    steps = []
+    for m in (variants[2], variants[1], variants[0]):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        x = ids.to(next(m.parameters()).device)
+
+        def step(m=m, opt=opt, x=x):
+            opt.zero_grad(set_to_none=True)
+            m(x, labels=x).loss.backward()
+            opt.step()
+        steps.append(step)
+    rb, cp, c32 = interleaved(steps, rounds=rounds)
+    row(name, rb, cp, c32, "ms", goal)
+
+
+def graph(cfg, rounds) -> None:
+    m32, same, dev = models(cfg, H)
+    ids = torch.randint(0, cfg.vocab_size, (1, 64))
+    dids = ids.to("rbln")
     compiled = torch.compile(dev, backend="rbln", fullgraph=True)
     with torch.no_grad():
         t0 = time.perf_counter()
         compiled(dids, use_cache=False)
         compile_s = time.perf_counter() - t0
-        rb, cp = interleaved([lambda: compiled(dids, use_cache=False).logits.cpu(),
-                              lambda: cpu(ids, use_cache=False).logits], rounds=rounds)
-    row(f"same small Llama, `torch.compile(backend=\"rbln\")` (compile {compile_s:.1f} s)",
-        rb * 1e3, cp * 1e3, "ms", "<= 0.8x (stretch 0.6x)")
+        rb, cp, c32 = interleaved([lambda: compiled(dids, use_cache=False).logits.cpu(),
+                                   lambda: same(ids, use_cache=False).logits,
+                                   lambda: m32(ids, use_cache=False).logits], rounds=rounds)
+    row(f"same small Llama, `torch.compile(backend=\"rbln\")` vs CPU eager (compile "
+        f"{compile_s:.1f} s)", rb, cp, c32, "ms", "<= 0.8x")
+
+
+def explain_overhead(cfg, rounds) -> None:
+    _, _, dev = models(cfg, H)
+    dids = torch.randint(0, cfg.vocab_size, (1, 64)).to("rbln")
 
     def plain():
         with torch.inference_mode():
@@ -134,18 +167,84 @@ def forward_rows(quick: bool, rounds: int) -> None:
             fn()
             samples[fn].append(time.process_time() - c0)
     p, r = statistics.median(samples[plain]), statistics.median(samples[region])
-    row("explain() region around the small forward", r * 1e3, None, "ms",
-        "<= 5%", ratio=f"{(r / p - 1) * 100:+.1f}% (vs {p * 1e3:.2f} ms cpu time)")
+    print(f"\nexplain() region around the small forward: {(r / p - 1) * 100:+.1f}% "
+          f"({r * 1e3:.2f} ms vs {p * 1e3:.2f} ms process time; goal <= 5%)")
+
+
+# ------------------------------------------------------------------------------------------
+# peak RSS, one fresh process per variant
+
+MEDIUM = dict(hidden=1024, layers=4, heads=16, kv_heads=8, seq=128)
+
+
+def _rss_child(variant: str, threads: int) -> None:
+    import resource
+    torch.set_num_threads(threads)
+    cfg = llama_config(**MEDIUM)
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg).eval()
+    weights = sum(p.numel() for p in m.parameters())
+    if variant != "cpu-fp32":
+        m = m.to(B)
+    if variant == "rbln":
+        m = m.to("rbln")
+    ids = torch.randint(0, cfg.vocab_size, (2, MEDIUM["seq"])).to(next(m.parameters()).device)
+    with torch.inference_mode():
+        for _ in range(3):
+            m(ids).logits.cpu()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak": peak, "weights_bf16": weights * 2}))
+
+
+def rss_rows(threads: int) -> None:
+    got = {}
+    for v in ("rbln", "cpu-bf16", "cpu-fp32"):
+        r = subprocess.run([sys.executable, __file__, "--rss-child", v, "--threads", str(threads)],
+                           capture_output=True, text=True)
+        if r.returncode:
+            print(f"(peak RSS of {v} failed: {r.stderr.strip().splitlines()[-1:]})")
+            return
+        got[v] = json.loads(r.stdout.strip().splitlines()[-1])
+    mb = 1 << 20
+    w = got["rbln"]["weights_bf16"]
+    rb, cb, c32 = (got[v]["peak"] for v in ("rbln", "cpu-bf16", "cpu-fp32"))
+    print(f"\npeak RSS, medium bf16 forward (h1024, 4 layers, batch 2, seq 128; bf16 weights "
+          f"{w / mb:.0f} MB), a fresh process each: rbln {rb / mb:.0f} MB, CPU bf16 "
+          f"{cb / mb:.0f} MB, CPU fp32 {c32 / mb:.0f} MB; rbln - CPU fp32 = "
+          f"{(rb - c32) / w:.2f}x the bf16 weights, rbln - CPU bf16 = {(rb - cb) / w:.2f}x "
+          f"(goal: <= the CPU run's + 1x the weights)")
+
+
+def profile_medium() -> None:
+    from torch.profiler import ProfilerActivity, profile
+    cfg = llama_config(hidden=1024, layers=4, heads=16, kv_heads=8, seq=256)
+    m32, _, dev = models(cfg, H)
+    ids = torch.randint(0, cfg.vocab_size, (1, 256))
+    dids = ids.to("rbln")
+    with torch.inference_mode():
+        for label, fn in (("rbln fp16", lambda: dev(dids).logits.cpu()),
+                          ("CPU fp32", lambda: m32(ids).logits)):
+            fn()
+            with profile(activities=[ProfilerActivity.CPU]) as p:
+                for _ in range(3):
+                    fn()
+            print(f"\nwhere the medium forward's time goes, {label}, 3 forwards:")
+            print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="skip the h1024 Llama")
+    ap.add_argument("--quick", action="store_true", help="only the small rows")
     ap.add_argument("--threads", type=int, default=1,
-                    help="intra-op threads for both sides (default 1: on a shared machine, "
+                    help="intra-op threads for every variant (default 1: on a shared machine, "
                          "OpenMP barriers with descheduled threads dominate)")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="profile the medium forward")
+    ap.add_argument("--rss-child", help=argparse.SUPPRESS)
     opts = ap.parse_args()
+    if opts.rss_child:
+        return _rss_child(opts.rss_child, opts.threads)
     torch.set_num_threads(opts.threads)
     isa = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
                    if k in os.environ)
@@ -153,17 +252,36 @@ def main() -> None:
     print(f"torch {torch.__version__}; CPU: {cpu_name()}; capability "
           f"{torch.backends.cpu.get_cpu_capability()}{' (' + isa + ')' if isa else ''}; "
           f"half-precision matmuls: {executors.matmul_precision().summary}; "
-          f"{torch.get_num_threads()} thread(s); medians of {opts.rounds}+ interleaved rounds")
+          f"{torch.get_num_threads()} thread(s); medians of {opts.rounds} interleaved rounds")
     print()
-    print("| measurement | rbln | CPU eager | ratio | goal |")
-    print("|---|---|---|---|---|")
+    print("| measurement | rbln | CPU same dtype | CPU fp32 | rbln / best | goal |")
+    print("|---|---|---|---|---|---|")
     warm_add(opts.rounds)
     try:
         import transformers  # noqa: F401
     except ImportError:
-        print("(rows 2-5 skipped: they need `transformers`; pip install -e '.[test]')")
+        print("(the model rows are skipped: they need `transformers`; pip install -e '.[test]')")
         return
-    forward_rows(opts.quick, opts.rounds)
+    r = opts.rounds
+    small = llama_config(hidden=256, layers=2, heads=4, kv_heads=2, seq=64)
+    forward("HF Llama h256, 2 layers, seq 64, fp16 forward", small, H, 1, 64, "<= 1.3x", r)
+    if not opts.quick:
+        medium = llama_config(hidden=1024, layers=4, heads=16, kv_heads=8, seq=256)
+        forward("HF Llama h1024, 4 layers, seq 256, fp16 forward", medium, H, 1, 256,
+                "<= 1.10x", max(3, r - 2))
+        forward("same, bf16, batch 2, seq 128", medium, B, 2, 128, "<= 1.10x", max(3, r - 2))
+    train = llama_config(hidden=512, layers=2, heads=8, kv_heads=4, seq=128)
+    training("HF Llama h512, 2 layers, seq 128, bf16 training step (AdamW)", train, B, 128,
+             "<= 1.3x", r)
+    graph(small, r)
+    if not opts.quick:
+        big = llama_config(hidden=2048, layers=2, heads=32, kv_heads=8, seq=128)
+        forward("Llama-3.2-1B geometry (h2048, 2 layers), seq 128, bf16 forward", big, B, 1,
+                128, "", 3)
+        rss_rows(opts.threads)
+    explain_overhead(small, r)
+    if opts.profile:
+        profile_medium()
 
 
 if __name__ == "__main__":

@@ -152,6 +152,9 @@ void bind_runtime(py::module_& m) {
            [](StateHandle& h, const at::Tensor& t) { return h.state->device_input_alias(t); })
       .def("host_flat", [](StateHandle& h, c10::ScalarType d) { return h.state->host_flat(d); })
       .def("host_bytes", [](StateHandle& h) { return h.state->host_bytes(); })
+      .def_property_readonly("widened_bytes",
+                             [](const StateHandle& h) { return h.state->widened_bytes(); },
+                             "bytes of the widened (fp32) forms kept for this storage's views")
       .def("device_bytes", [](StateHandle& h) { return h.state->device_bytes(); });
 
   m.def("state_of", [](const at::Tensor& t) { return StateHandle(t); });
@@ -164,6 +167,11 @@ void bind_runtime(py::module_& m) {
     auto* s = state_of(t);
     s->device_read();
     return s->device_input_alias(t);
+  });
+  m.def("device_input_widened", [](const at::Tensor& t) {
+    auto* s = state_of(t);
+    s->device_read();
+    return s->device_input_widened(t);
   });
   m.def("host_output", [](const at::Tensor& t) {
     auto* s = state_of(t);

@@ -333,7 +333,17 @@ const c10::Storage& StorageState::device_cpu_storage() {
 
 void StorageState::device_memory_changed() {
   inputs_.clear();
+  widened_.clear();
   device_cpu_ = c10::Storage();
+}
+
+void StorageState::contents_changed() {
+  finite_dtype.reset();
+  widened_.clear();
+  // widened again and again before this write (a weight between optimizer steps): the next
+  // contents are kept from their first widening
+  reread_ = widen_reads_ >= 2;
+  widen_reads_ = 0;
 }
 
 void StorageState::ensure_device_memory() {
@@ -388,7 +398,7 @@ void StorageState::host_read() {
 
 void StorageState::host_write(bool whole) {
   settle();
-  finite_dtype.reset();
+  contents_changed();
   if (!whole) {
     catch_up_host();
   }
@@ -411,7 +421,7 @@ void StorageState::device_read() {
 
 void StorageState::device_write(bool whole) {
   settle();
-  finite_dtype.reset();
+  contents_changed();
   host_behind_ = false;
   if (residency == Residency::Host && !whole) {
     push();
@@ -430,7 +440,7 @@ void StorageState::adopt_device(at::Tensor memory) {
   device_memory_changed();
   host_behind_ = false;
   residency = Residency::Device;
-  finite_dtype.reset();
+  contents_changed();
 }
 
 at::Tensor StorageState::host_alias(const at::Tensor& t) {
@@ -464,6 +474,35 @@ at::Tensor StorageState::device_input_alias(const at::Tensor& t) {
   auto a = tensor_over(device_cpu_storage(), dtype, sizes, strides, offset);
   inputs_.push_back({dtype, sizes.vec(), strides.vec(), offset, a});
   return with_lazy_bits(t, a);
+}
+
+at::Tensor StorageState::device_input_widened(const at::Tensor& t) {
+  const at::Tensor a = device_input_alias(t);
+  const auto dtype = t.scalar_type();
+  const int64_t offset = t.storage_offset();
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (const auto& e : widened_) {
+    if (e.dtype == dtype && e.offset == offset && sizes.equals(e.sizes) && strides.equals(e.strides)) {
+      return e.alias;
+    }
+  }
+  at::Tensor w = a.to(at::kFloat);
+  if (++widen_reads_ >= 2 || reread_) {  // read again before any write: keep it
+    if (widened_.size() >= kInputAliases) {
+      widened_.erase(widened_.begin());
+    }
+    widened_.push_back({dtype, sizes.vec(), strides.vec(), offset, w});
+  }
+  return w;
+}
+
+int64_t StorageState::widened_bytes() const {
+  int64_t n = 0;
+  for (const auto& e : widened_) {
+    n += static_cast<int64_t>(e.alias.storage().nbytes());
+  }
+  return n;
 }
 
 at::Tensor StorageState::host_flat(c10::ScalarType dtype) {

@@ -85,6 +85,15 @@ struct StorageState {
   // adopted output that *is* the device memory when `t` spans it unchanged, else an alias cached
   // per metadata (dropped whenever the device memory changes)
   at::Tensor device_input_alias(const at::Tensor& t);
+  // device_input_alias in fp32, for a program that computes a half-precision operand widened
+  // (executors: the fp32 and matmul forms, custom bodies). An operand read many times and
+  // written rarely (a weight) keeps its widened form: from the second widening of a view since
+  // the storage's last write (from the first, when the contents before that write were widened
+  // twice or more: a weight an optimizer updates), the fp32 copy is kept (host memory, outside the device's
+  // accounting, as an NPU keeps weights in its own layout) until the next write drops it.
+  at::Tensor device_input_widened(const at::Tensor& t);
+  // widened forms kept now (a test and the memory report read it)
+  int64_t widened_bytes() const;
   // the whole storage as a flat CPU tensor of `dtype` over the host view
   at::Tensor host_flat(c10::ScalarType dtype);
   // the storage's `nbytes` bytes on either side, as flat uint8 CPU tensors
@@ -97,6 +106,7 @@ struct StorageState {
   const c10::Storage& host_cpu_storage();
   const c10::Storage& device_cpu_storage();
   void device_memory_changed();
+  void contents_changed();  // every write: the scan's mark and the widened forms are stale
   void wait_pending();
   void catch_up_host();
 
@@ -109,6 +119,9 @@ struct StorageState {
     at::Tensor alias;
   };
   std::vector<CachedInput> inputs_;
+  std::vector<CachedInput> widened_;  // fp32 copies of views (device_input_widened)
+  int widen_reads_ = 0;               // widenings since the last write
+  bool reread_ = false;               // ... and before it there were two or more
   bool host_behind_ = false;  // Synced, but the recorded d2h copy has not been made yet
 };
 

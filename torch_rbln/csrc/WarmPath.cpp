@@ -130,18 +130,9 @@ bool spans_own_storage(const at::Tensor& t) {
   return spans(t, static_cast<int64_t>(t.storage().nbytes()));
 }
 
-// rules.has_nonfinite for an rbln operand (the dtypes the scan sums in)
-std::optional<c10::ScalarType> scan_accumulator(c10::ScalarType d) {
-  switch (d) {
-    case at::kHalf:
-      return at::kFloat;
-    case at::kBFloat16:
-    case at::kFloat:
-    case at::kDouble:
-      return at::kDouble;
-    default:
-      return std::nullopt;
-  }
+// rules.has_nonfinite for an rbln operand: the floating dtypes the scan looks at
+bool scanned(c10::ScalarType d) {
+  return d == at::kHalf || d == at::kBFloat16 || d == at::kFloat || d == at::kDouble;
 }
 
 // the value of a wrapped scalar (a CPU 0-dim tensor) is finite; read in place, no dispatch
@@ -163,12 +154,11 @@ bool finite_scalar(const at::Tensor& t) {
 
 }  // namespace
 
-// rules.has_nonfinite of an rbln tensor: one sum in a dtype that cannot overflow. The host
+// rules.has_nonfinite of an rbln tensor: one min/max pass over it. The host
 // read's d2h is recorded as the scan's, but the bytes are read where they are: the copy waits
 // for a real host reader (most device-latest operands never get one).
 bool has_nonfinite(const at::Tensor& t) {
-  const auto acc = scan_accumulator(t.scalar_type());
-  if (!acc) {
+  if (!scanned(t.scalar_type()) || t.numel() == 0) {
     return false;
   }
   StorageState* s = state_of(t);
@@ -180,7 +170,10 @@ bool has_nonfinite(const at::Tensor& t) {
   at::Tensor h = whole ? (device_side ? s->device_bytes().view(t.scalar_type())
                                       : s->host_flat(t.scalar_type()))
                        : (device_side ? s->device_alias(t) : s->host_alias(t));
-  const bool bad = !std::isfinite(at::sum(h, *acc).item<double>());
+  // one pass in the tensor's own dtype, nothing converted: NaN propagates to both extremes,
+  // an infinity is one of them
+  const auto [lo, hi] = at::aminmax(h);
+  const bool bad = !std::isfinite(lo.item<double>()) || !std::isfinite(hi.item<double>());
   if (whole && !bad) {
     s->finite_dtype = t.scalar_type();
   }
@@ -555,7 +548,8 @@ class WarmKernel final : public c10::OperatorKernel {
       } else if (inputs[src].defined()) {
         at::Tensor a = inputs[src];
         if (widen && (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16)) {
-          a = a.to(at::kFloat);
+          const auto& t = args[src].toTensor();  // its widened form, kept if read again
+          a = state_of(t)->device_input_widened(t);
         }
         fn_stack.emplace_back(std::move(a));
       } else {

@@ -19,7 +19,7 @@ import torch
 
 from .. import _C, config, events
 from ..runtime import compiler, devices, executors
-from ..runtime.storage import device_input, host_input
+from ..runtime.storage import device_input, device_input_widened, host_input
 from . import checks, cuda_dtypes, fallback, recompile_causes, results, rules
 from .attention_dropout import DROPOUT_AT, with_attention_dropout
 from .optable import OpEntry, overload
@@ -28,6 +28,7 @@ _record = events.record
 _span_start = events.span_start
 _record_program = events.record_program
 _perf_ns = time.perf_counter_ns
+_HALF = executors.HALF
 _Tensor = torch.Tensor
 _lookup = compiler._cache.get
 _enter_program = _C.enter_program
@@ -167,9 +168,11 @@ def make_kernel(entry: OpEntry, registered_name: str):
             _record("warm_hit", op_name)
 
         dev_args = []
+        widened = prog.widened
         for a in args:
             if isinstance(a, _Tensor) and a.get_device() >= 0:
-                a = device_input(a)
+                # a widening program's half-precision operands in fp32, kept for a weight
+                a = device_input_widened(a) if widened and a.dtype in _HALF else device_input(a)
             dev_args.append(a)
         # inside a device program: the `reentrant` check sees it (and the native warm path
         # learns that this key ran as a device program)

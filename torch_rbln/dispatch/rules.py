@@ -104,26 +104,25 @@ _program_depth = _C.program_depth
 
 _len_dispatch_stack = torch._C._len_torch_dispatch_stack
 _isfinite = math.isfinite
-# the scan sums in a dtype wide enough that finite inputs never overflow: any NaN/Inf in the
-# input, and only that, makes the sum non-finite (one host kernel instead of isfinite + all)
-_SCAN_ACC = {torch.float16: torch.float32, torch.bfloat16: torch.float64,
-             torch.float32: torch.float64, torch.float64: torch.float64}
+_aminmax = torch.aminmax
+# the dtypes the scan looks at (bool, integer and complex tensors never count)
+_SCANNED = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
 def has_nonfinite(t: torch.Tensor) -> bool:
-    """The NaN/Inf scan of one operand: one sum in a dtype wide enough that finite inputs never
-    overflow (any NaN/Inf, and only that, makes it non-finite).
+    """The NaN/Inf scan of one operand: one min/max pass in its own dtype (a NaN propagates to
+    both, an infinity is one of them), nothing converted or allocated.
 
     For an rbln tensor (in the native core, which the warm path calls too) a device-latest
     storage records its physical d2h and becomes host-readable as a host read makes it, but
     the scan reads the device bytes in place: the copy itself waits until the host view is
     read. A storage scanned whole and found finite stays marked until its next write, so
     unchanged weights are scanned once."""
-    acc = _SCAN_ACC.get(t.dtype)
-    if acc is None:
-        return False            # bool and integer tensors never count
+    if t.dtype not in _SCANNED or t.numel() == 0:
+        return False
     if t.get_device() < 0:      # not an rbln tensor
-        return not _isfinite(t.sum(dtype=acc).item())
+        lo, hi = _aminmax(t)
+        return not (_isfinite(lo.item()) and _isfinite(hi.item()))
     return _C.has_nonfinite(t)
 
 

@@ -34,7 +34,8 @@ from .. import events
 from ..dispatch import compiler_optable, rules
 from ..runtime import caches, devices
 from . import programs, split
-from .rewrite import fp32_matmuls, to_cpu_devices, use_custom_kernels, widen_cuda_dtypes
+from .rewrite import (fp32_matmuls, to_cpu_devices, use_custom_kernels, widen_cuda_dtypes,
+                      widened_inputs)
 from .runners import DevicePartition, EagerCall, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
@@ -130,13 +131,17 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode):
     gm = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))   # compile_fx may mutate its graph
     to_cpu_devices(gm)
     fp32_matmuls(gm)
+    widened = widened_inputs(gm)
+    if widened:
+        with fake_mode:
+            cpu = [v.float() if i in widened else v for i, v in enumerate(cpu)]
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
         fn = compile_fx(gm, cpu)
 
     def run(*args):
         out = fn(*args)
         return out if isinstance(out, (tuple, list)) else (out,)
-    return run
+    return run, widened
 
 
 def _output_values(gm: torch.fx.GraphModule) -> tuple:

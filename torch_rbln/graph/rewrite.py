@@ -123,3 +123,25 @@ def fp32_matmuls(gm: torch.fx.GraphModule) -> None:
             back = g.call_function(_to_copy, (n,), {"dtype": v.dtype})
         n.replace_all_uses_with(back, delete_user_cb=lambda u: u is not back)
     gm.recompile()
+
+
+def widened_inputs(gm: torch.fx.GraphModule) -> frozenset:
+    """Inputs that :func:`fp32_matmuls` only ever widens (a weight feeding matmuls) take fp32
+    directly: their ``_to_copy`` nodes go, and the runner passes the input's kept widened form
+    (``device_input_widened``), so an unchanged weight is converted once, not per call.
+    Returns the positions of those placeholders."""
+    out = set()
+    for i, ph in enumerate(gm.graph.find_nodes(op="placeholder")):
+        users = list(ph.users)
+        v = ph.meta.get("val")
+        if not users or getattr(v, "dtype", None) not in executors.HALF or not all(
+                u.target is _to_copy and u.kwargs == {"dtype": torch.float32}
+                and len(u.args) == 1 for u in users):
+            continue
+        for u in users:
+            u.replace_all_uses_with(ph)
+            gm.graph.erase_node(u)
+        out.add(i)
+    if out:
+        gm.recompile()
+    return frozenset(out)

@@ -20,8 +20,8 @@ import torch
 
 from .. import events
 from ..dispatch.layout import spans_storage
-from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, new_tensor, state_of,
-                               storage_nbytes, wrap_host)
+from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, device_input_widened,
+                               new_tensor, state_of, storage_nbytes, wrap_host)
 from .placement import NO_KERNEL, Placement
 
 _record = events.record
@@ -63,11 +63,20 @@ class _Partition(torch.nn.Module):
         self.rbln_out = rbln_out     # per result: does the graph expect it on rbln?
         self.index = index           # the NPU (rbln:index) the graph runs on
 
+    widened: frozenset = frozenset()    # positions the program takes in fp32 (rewrite.py)
+
     def _bind(self, args):
         cpu_args, owners = [], {}
         device_side = self.device_side
-        for a in args:
-            if type(a) is Staged:
+        widened = self.widened
+        for i, a in enumerate(args):
+            if widened and i in widened:
+                # the kept widened form of a weight (converted here for anything else)
+                if isinstance(a, torch.Tensor) and a.device.type == "rbln":
+                    a = device_input_widened(a)
+                else:
+                    a = (a.read(True, self.index) if type(a) is Staged else a).float()
+            elif type(a) is Staged:
                 a = a.read(device_side, self.index)
             elif isinstance(a, torch.Tensor) and a.device.type == "rbln":
                 b = state_of(a)
@@ -105,11 +114,11 @@ class DevicePartition(_Partition):
     def __init__(self, name, rbln_out, index, key, compile_fn):
         super().__init__(name, rbln_out, index)
         self.key = key                  # the program's name in events (`device_program`)
-        self.compile_fn = compile_fn    # () -> callable on CPU tensors
+        self.compile_fn = compile_fn    # () -> (callable on CPU tensors, widened positions)
         self.fn = None
 
     def build(self) -> None:
-        self.fn = self.compile_fn()
+        self.fn, self.widened = self.compile_fn()
 
     def drop(self) -> None:
         self.fn = None

@@ -46,6 +46,8 @@ NPU_PRIMITIVES = frozenset({
     # reductions and matrix units
     "mean", "sum", "amax", "amin", "max", "min", "mm", "bmm", "addmm", "_softmax",
     "_softmax_backward_data", "silu_backward", "linear", "logsumexp",
+    # fused attention (the host's flash kernel computes the NPU's attention unit)
+    "_scaled_dot_product_flash_attention_for_cpu",
     # data movement (the copy engine)
     "cat", "index_select", "index_copy", "repeat_interleave", "arange", "zero", "zeros",
     "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "zeros_like",
@@ -66,7 +68,8 @@ class Program:
 
     ``run(*device_args, **kwargs)`` computes on CPU tensors over device buffers with NPU
     numerics and returns the result; ``out_meta`` describes that result (shape, dtype, stride
-    per output) as the trace fixed it."""
+    per output) as the trace fixed it. A ``widened`` program takes its fp16/bf16 operands in
+    fp32 (``runtime/executors.py``)."""
 
     op: str
     key: Any
@@ -74,6 +77,7 @@ class Program:
     out_meta: Any
     run: Callable
     compile_ns: int = 0
+    widened: bool = False   # run takes its half-precision operands in fp32 (executors)
 
     def __repr__(self):
         return f"Program({self.op}, prims={list(self.primitives)})"
@@ -239,7 +243,8 @@ def compile_op(op_name: str, body, key, args, kwargs, build) -> Program:
     specialised to it. Records a ``recompile`` event."""
     t0 = time.perf_counter_ns()
     prims, out_meta = lower(body, args, kwargs)
-    prog = Program(op_name, key, prims, out_meta, build(out_meta))
+    run = build(out_meta)
+    prog = Program(op_name, key, prims, out_meta, run, widened=getattr(run, "widened", False))
     prog.compile_ns = time.perf_counter_ns() - t0
     with _lock:
         if key not in _cache:

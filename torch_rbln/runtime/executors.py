@@ -15,6 +15,12 @@ to the output dtype once, at the op boundary. The forms:
   the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it.
 * custom      programs whose body is written out here (attention, ``linear_backward``): each
   step in fp32, one rounding per output.
+
+The widening forms (``fp32``, a widened ``matmul``, custom bodies) mark their run callable
+``widened``: the eager kernel then hands them their half-precision operands already in fp32,
+from the storage's kept widened form where it has one (a weight read again and not written
+since: ``StorageState.device_input_widened`` in the native core), so an unchanged operand is
+converted once, not on every call.
 """
 
 from __future__ import annotations
@@ -54,6 +60,16 @@ def direct(fn, out_meta):
 def fp32(fn, out_meta):
     def run(*args, **kwargs):
         return _round(fn(*_widen(args), **_widen(kwargs)), out_meta)
+    run.widened = True
+    return run
+
+
+def custom(body, out_meta):
+    """A custom program: its body computes in fp32 and the outputs round once, to ``out_meta``'s
+    dtypes (the body's own rounding is a no-op on operands the caller passes widened)."""
+    def run(*args, **kwargs):
+        return _round(body(*args, **kwargs), out_meta)
+    run.widened = True
     return run
 
 
@@ -120,6 +136,30 @@ def _softmax_and_lse(s):
     return w, lse
 
 
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _fused(q, k, v, attn_bias, is_causal, scale):
+    """fp32 attention through the host's fused kernel (PyTorch's CPU flash attention: tiled,
+    no ``L x S`` weights in memory; GQA heads as they are): the math of :func:`_scores` and
+    :func:`_softmax_and_lse` in one pass. A fully masked row gets zero weights there too; its
+    logsumexp, which that kernel leaves 0, is set to ``-inf`` as the math defines it."""
+    mask = None
+    if attn_bias is not None:
+        mask = (torch.zeros(attn_bias.shape, dtype=_f32).masked_fill(attn_bias.logical_not(),
+                                                                     float("-inf"))
+                if attn_bias.dtype == torch.bool else attn_bias.to(_f32))
+    out, lse = _flash_cpu(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
+    if mask is not None:      # rows whose every logit is masked (the causal mask included)
+        if is_causal:
+            L, S = q.shape[-2], k.shape[-2]
+            keep = torch.arange(L).unsqueeze(-1) >= torch.arange(S).unsqueeze(0)
+            mask = mask.masked_fill(keep.logical_not(), float("-inf"))
+        dead = mask.amax(-1).eq(float("-inf"))
+        lse = torch.where(dead.expand(lse.shape), float("-inf"), lse)
+    return out, lse
+
+
 def dropout_keep(seed: int, shape, p: float) -> torch.Tensor:
     """The attention dropout mask drawn from ``seed``: True where a weight is kept (probability
     ``1 - p``). The same seed gives the same mask, so the backward rebuilds the forward's."""
@@ -138,16 +178,21 @@ def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
     dropped and ``v`` is scaled by ``1 / (1 - p)``: PyTorch's math attention given that mask."""
     dtype = q.dtype
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = _scores(q.to(_f32), k.to(_f32), attn_bias, is_causal, sc)
-    w, lse = _softmax_and_lse(s)
-    vr = _repeat_kv(v.to(_f32), q.shape[-3])
-    if dropout_p > 0.0:
-        w = w.masked_fill(dropout_mask.logical_not(), 0.0)
-        vr = vr * _dropout_scale(dropout_p)
-    out = _bmm(w, vr).to(dtype)
     B, H, L = q.shape[0], q.shape[1], q.shape[2]
     S = k.shape[-2]
-    debug = w.to(dtype) if return_debug_mask else torch.empty(0, dtype=dtype)
+    if dropout_p == 0.0 and not return_debug_mask and q.dim() == 4:
+        out, lse = _fused(q.to(_f32), k.to(_f32), v.to(_f32), attn_bias, is_causal, sc)
+        out = out.to(dtype)
+        debug = torch.empty(0, dtype=dtype)
+    else:
+        s = _scores(q.to(_f32), k.to(_f32), attn_bias, is_causal, sc)
+        w, lse = _softmax_and_lse(s)
+        vr = _repeat_kv(v.to(_f32), q.shape[-3])
+        if dropout_p > 0.0:
+            w = w.masked_fill(dropout_mask.logical_not(), 0.0)
+            vr = vr * _dropout_scale(dropout_p)
+        out = _bmm(w, vr).to(dtype)
+        debug = w.to(dtype) if return_debug_mask else torch.empty(0, dtype=dtype)
     empty_i = torch.empty(0, dtype=torch.int64)
     return (out, lse.reshape(B, H, L), empty_i, empty_i.clone(), L, S,
             torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64), debug)
@@ -317,4 +362,4 @@ def build(kernel: str, fn, out_meta):
         return fp32(fn, out_meta)
     if kernel == "matmul":
         return matmul(fn, out_meta)
-    return CUSTOM[kernel]
+    return custom(CUSTOM[kernel], out_meta)

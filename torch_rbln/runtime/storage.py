@@ -10,7 +10,9 @@ module is its Python face. ``state_of(t)`` gives the :class:`StorageState` of ``
   creation with ``TORCH_RBLN_EAGER_MALLOC=1``);
 * ``residency``: which side holds the latest data, ``HOST``, ``DEVICE`` or ``SYNCED`` (both);
 * ``finite_dtype``: the dtype as which the NaN/Inf scan found the whole storage finite (cleared
-  by every write), so unchanged weights are scanned once.
+  by every write), so unchanged weights are scanned once;
+* the widened (fp32) forms of its views that widening programs read again and again (a weight
+  on a host without half-precision GEMMs), also dropped by every write.
 
 The transitions between the states, and the transfers they record, are the residency
 table of docs/tensors-and-memory.md.
@@ -39,6 +41,9 @@ state_of = _C.state_of
 # One step per operand: the transition a read or write needs, then the CPU tensor to use.
 host_input = _C.host_input        # host read, then an alias of ``t`` over the host view
 device_input = _C.device_input    # device read, then the program-operand alias (read only)
+# device_input in fp32 for a widening program: kept per view from its second widening since the
+# storage's last write (a weight), dropped by the next write; outside the device's accounting
+device_input_widened = _C.device_input_widened
 host_output = _C.host_output      # host write (whole if ``t`` covers its storage), host alias
 device_output = _C.device_output  # device write (whole if ``t`` covers its storage), device alias
 

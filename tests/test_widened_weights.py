@@ -1,0 +1,114 @@
+"""Widened weights: a half-precision operand that widening programs read again and again keeps
+its fp32 form between calls, and every write drops it before the next read.
+
+On a host without native half-precision GEMMs a matmul computes on fp32 operands
+(``executors.matmul_precision``); converting an unchanged weight on every call is the cost this
+removes. The kept form is a cache: a read after any write must see the new values. Each write
+route a training or inference loop takes is tried here: the matmul after the write must equal
+the CPU's on the values the weight holds then, in a process that forces
+the widening form (``TORCH_RBLN_MATMUL_PRECISION=widen``) so the test means the same on every
+host."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_json
+
+ROUTES = ("inplace_op", "copy_", "out=", "view_fill", "strided_view_op", "no_grad_update",
+          "optimizer_step", "cpu_fallback_op", "masked_fill_", "index_copy_", "non_blocking_copy",
+          "set_data")
+
+_SCRIPT = """
+import torch
+from torch_rbln.runtime.storage import state_of
+
+torch.manual_seed(0)
+H = torch.float16
+x = torch.randn(128, 64, dtype=H)
+w_cpu = (torch.randn(64, 64) * 0.1).to(H)
+x_d = x.to("rbln")
+
+def ref(w):                      # NPU numerics: fp32 GEMM, one rounding
+    return (x.float() @ w.float()).to(H)
+
+def write(route, w, p=None):
+    if route == "inplace_op":
+        w.mul_(2)
+    elif route == "copy_":
+        w.copy_(torch.full_like(w, 0.5))
+    elif route == "out=":
+        torch.add(w, w, out=w)
+    elif route == "view_fill":
+        w[:, :16].fill_(3)
+    elif route == "strided_view_op":
+        w.view(-1)[::7].mul_(-4)
+    elif route == "no_grad_update":
+        with torch.no_grad():
+            p -= 0.5 * torch.ones_like(p)
+    elif route == "optimizer_step":
+        p.grad = torch.ones_like(p)
+        torch.optim.AdamW([p], lr=0.5).step()
+    elif route == "cpu_fallback_op":
+        w.exp_()                 # no device kernel: the host runs it on the host view
+    elif route == "masked_fill_":
+        w.masked_fill_(w > 0, 1.0)
+    elif route == "index_copy_":
+        w.index_copy_(0, torch.tensor([0, 5]).to(w.device), torch.ones(2, 64, dtype=H).to(w.device))
+    elif route == "non_blocking_copy":
+        src = torch.full((64, 64), -2.0, dtype=H).pin_memory()
+        w.copy_(src, non_blocking=True)
+        torch.rbln.synchronize()
+    elif route == "set_data":
+        p.data = torch.full((64, 64), 0.25, dtype=H).to(w.device)
+
+out = {}
+for route in ROUTES:
+    p = torch.nn.Parameter(w_cpu.clone().to("rbln"))
+    w = p.data if route not in ("no_grad_update", "optimizer_step", "set_data") else p
+    for _ in range(3):           # read again and again: the widened form is kept
+        torch.mm(x_d, w.detach())
+    kept = state_of(w.detach()).widened_bytes
+    write(route, w, p)
+    w_now = p.detach()
+    dropped = state_of(w_now).widened_bytes == 0
+    y = torch.mm(x_d, w_now).cpu()
+    again = torch.mm(x_d, w_now).cpu()     # from the newly kept form
+    expect = ref(w_now.cpu())              # the values the weight holds now, on the CPU
+    out[route] = {"kept": kept, "dropped": dropped,
+                  "changed": not torch.equal(w_now.cpu(), w_cpu),
+                  "err": (y.float() - expect.float()).abs().max().item(),
+                  "err_again": (again.float() - expect.float()).abs().max().item()}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def routes():
+    return run_json(f"ROUTES = {ROUTES!r}\n" + _SCRIPT,
+                    env={"TORCH_RBLN_MATMUL_PRECISION": "widen"})
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_write_drops_the_widened_form_before_the_next_read(routes, route):
+    r = routes[route]
+    assert r["kept"] > 0, "three reads of an unchanged weight should keep its widened form"
+    assert r["changed"], "the write must change the weight, or the test proves nothing"
+    assert r["dropped"], "the write must drop the widened form"
+    assert r["err"] == 0 and r["err_again"] == 0, r
+
+
+def test_kept_forms_are_outside_the_device_accounting():
+    from torch_rbln.runtime import executors
+    from torch_rbln.runtime.storage import state_of
+    if not executors.widens(torch.float16, 128):
+        pytest.skip("this host has native fp16 GEMMs: matmuls do not widen")
+    x = torch.randn(128, 256, dtype=torch.float16, device="rbln")
+    w = torch.randn(256, 256, dtype=torch.float16, device="rbln")
+    torch.mm(x, w)
+    before = torch.rbln.memory_allocated()
+    torch.mm(x, w)
+    torch.mm(x, w)
+    assert state_of(w).widened_bytes == 256 * 256 * 4
+    assert torch.rbln.memory_allocated() == before
