@@ -115,3 +115,33 @@ def test_fp16_attention_backward_runs_on_device_and_matches():
     assert ev.count("cpu_fallback", "aten::_scaled_dot_product_fused_attention_overrideable_backward") == 0
     for d, r in zip(devs, refs):
         torch.testing.assert_close(d.grad.cpu().float(), r.grad, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fused_adam_steps_on_the_device_like_the_cpu_fused_kernel(opt_cls, dtype):
+    """``fused=True``: one device program per step, the CPU fused kernel's values bit for bit,
+    and parameters, gradients and states never leave device memory."""
+    from torch_rbln.runtime.storage import DEVICE, state_of
+    torch.manual_seed(0)
+    start = [torch.randn(64, 128).to(dtype), torch.randn(128).to(dtype)]
+    grads = [[torch.randn(p.shape).to(dtype) for p in start] for _ in range(3)]
+    got = {}
+    for dev in ("cpu", "rbln"):
+        params = [nn.Parameter(p.clone().to(dev)) for p in start]
+        opt = opt_cls(params, lr=0.01, weight_decay=0.1, fused=True)
+        with Events() as ev:
+            for step in grads:
+                for p, g in zip(params, step):
+                    p.grad = g.to(dev)
+                opt.step()
+        if dev == "rbln":
+            name = "aten::_fused_adamw_" if opt_cls is torch.optim.AdamW else "aten::_fused_adam_"
+            assert ev.count("device_program", name) == 3
+            assert ev.count("recompile", name) <= 1 and ev.count("cpu_fallback", name) == 0
+            state = opt.state[params[0]]
+            for t in (params[0], state["exp_avg"], state["exp_avg_sq"]):
+                assert state_of(t.detach()).residency == DEVICE
+        got[dev] = [p.detach().cpu() for p in params]
+    for a, b in zip(got["cpu"], got["rbln"]):
+        assert torch.equal(a, b)

@@ -25,7 +25,7 @@ def _native():
 def setup() -> None:
     from . import api, config, log, patches
     from .dispatch import (composites, copy, cuda_dtypes, data_movement, device_op, factories,
-                           fallback, layouts, rnn_cells, rules, views)
+                           fallback, fused_optimizers, layouts, rnn_cells, rules, views)
     from .runtime import devices
 
     log.setup()
@@ -44,8 +44,8 @@ def setup() -> None:
     for name, fn in device_op.kernels().items():
         aten.impl(name, fn, "PrivateUse2" if name in warm else "PrivateUse1")
     for table in (views.kernels(), factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
-                  composites.KERNELS, rnn_cells.KERNELS, fallback.host_kernels(),
-                  cuda_dtypes.KERNELS):
+                  composites.KERNELS, rnn_cells.KERNELS, fused_optimizers.KERNELS,
+                  fallback.host_kernels(), cuda_dtypes.KERNELS):
         for name, fn in table.items():
             aten.impl(name, fn, "PrivateUse1")
     for name, fn in (*composites.AUTOGRAD_KERNELS.items(), *cuda_dtypes.KERNELS.items()):

@@ -135,6 +135,39 @@ bool scanned(c10::ScalarType d) {
   return d == at::kHalf || d == at::kBFloat16 || d == at::kFloat || d == at::kDouble;
 }
 
+// Any element of `n` whose exponent bits are all ones (NaN or an infinity): a loop the compiler
+// vectorizes, read once, nothing converted or allocated; checked per chunk so that a bad value
+// ends the scan early.
+template <typename U>
+bool exponent_all_ones(const void* data, int64_t n, U mask) {
+  const U* p = static_cast<const U*>(data);
+  constexpr int64_t kChunk = 4096;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t end = std::min(n, start + kChunk);
+    U bad = 0;
+    for (int64_t i = start; i < end; ++i) {
+      bad |= static_cast<U>((p[i] & mask) == mask);
+    }
+    if (bad) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool nonfinite_bits(const void* data, int64_t numel, c10::ScalarType d) {
+  switch (d) {
+    case at::kHalf:
+      return exponent_all_ones<uint16_t>(data, numel, 0x7C00);
+    case at::kBFloat16:
+      return exponent_all_ones<uint16_t>(data, numel, 0x7F80);
+    case at::kFloat:
+      return exponent_all_ones<uint32_t>(data, numel, 0x7F800000u);
+    default:
+      return exponent_all_ones<uint64_t>(data, numel, 0x7FF0000000000000ull);
+  }
+}
+
 // the value of a wrapped scalar (a CPU 0-dim tensor) is finite; read in place, no dispatch
 bool finite_scalar(const at::Tensor& t) {
   const void* p = t.const_data_ptr();
@@ -154,7 +187,7 @@ bool finite_scalar(const at::Tensor& t) {
 
 }  // namespace
 
-// rules.has_nonfinite of an rbln tensor: one min/max pass over it. The host
+// rules.has_nonfinite of an rbln tensor: one pass over its bits. The host
 // read's d2h is recorded as the scan's, but the bytes are read where they are: the copy waits
 // for a real host reader (most device-latest operands never get one).
 bool has_nonfinite(const at::Tensor& t) {
@@ -167,13 +200,17 @@ bool has_nonfinite(const at::Tensor& t) {
   }
   const bool device_side = s->host_read_deferred();
   const bool whole = spans(t, s->nbytes);
-  at::Tensor h = whole ? (device_side ? s->device_bytes().view(t.scalar_type())
-                                      : s->host_flat(t.scalar_type()))
-                       : (device_side ? s->device_alias(t) : s->host_alias(t));
-  // one pass in the tensor's own dtype, nothing converted: NaN propagates to both extremes,
-  // an infinity is one of them
-  const auto [lo, hi] = at::aminmax(h);
-  const bool bad = !std::isfinite(lo.item<double>()) || !std::isfinite(hi.item<double>());
+  bool bad = false;
+  if (whole || t.is_contiguous()) {  // the elements lie in one run of memory: read the bits
+    at::Tensor bytes = device_side ? s->device_bytes() : s->host_bytes();
+    const auto* base = static_cast<const char*>(bytes.const_data_ptr());
+    const int64_t item = static_cast<int64_t>(t.itemsize());
+    bad = whole ? nonfinite_bits(base, s->nbytes / item, t.scalar_type())
+                : nonfinite_bits(base + t.storage_offset() * item, t.numel(), t.scalar_type());
+  } else {  // a strided view: one min/max pass (NaN reaches both, an infinity is one of them)
+    const auto [lo, hi] = at::aminmax(device_side ? s->device_alias(t) : s->host_alias(t));
+    bad = !std::isfinite(lo.item<double>()) || !std::isfinite(hi.item<double>());
+  }
   if (whole && !bad) {
     s->finite_dtype = t.scalar_type();
   }

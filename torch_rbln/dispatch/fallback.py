@@ -237,7 +237,7 @@ def _call(op, args, kwargs, index: int):
     name = op.name()
     if name in _HOST_TWIN:
         return _run_twin(name, args, kwargs)
-    if _number_in_tensor_slot(op, args):
+    if number_in_tensor_slot(op, args):
         # a wrapped Python scalar reached us as a plain number: let the overload packet pick
         # the Scalar overload, which gives it the same (wrapped-number) type promotion
         return cuda_dtypes.run(op.overloadpacket, args, kwargs)
@@ -281,7 +281,7 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
 _TENSOR_SLOTS: dict = {}
 
 
-def _number_in_tensor_slot(op, args) -> bool:
+def number_in_tensor_slot(op, args) -> bool:
     slots = _TENSOR_SLOTS.get(op)
     if slots is None:
         slots = _TENSOR_SLOTS[op] = tuple(

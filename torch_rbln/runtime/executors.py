@@ -64,13 +64,20 @@ def fp32(fn, out_meta):
     return run
 
 
-def custom(body, out_meta):
-    """A custom program: its body computes in fp32 and the outputs round once, to ``out_meta``'s
-    dtypes (the body's own rounding is a no-op on operands the caller passes widened)."""
+def custom(body, out_meta, widened: bool = True):
+    """A custom program: its body computes in fp32 (``widened``: the caller passes its fp16/bf16
+    operands widened) and the outputs round once, to ``out_meta``'s dtypes."""
     def run(*args, **kwargs):
         return _round(body(*args, **kwargs), out_meta)
-    run.widened = True
+    run.widened = widened
     return run
+
+
+def _out_dtype(out_meta):
+    for m in out_meta if isinstance(out_meta, tuple) else ():
+        if isinstance(m, tuple) and len(m) == 3 and isinstance(m[1], torch.dtype):
+            return m[1]
+    return None
 
 
 # ------------------------------------------------------------------------------------------
@@ -242,20 +249,32 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
 # ------------------------------------------------------------------------------------------
 # linear backward
 
+def _gemm(a, b, dtype):
+    """``a @ b`` for a program of ``dtype``: on fp32 operands where the matrix units widen
+    (:func:`widens`), else the dtype's own GEMM (fp32 accumulation, one rounding); a no-op
+    conversion for operands the caller already passed widened."""
+    if widens(dtype, a.shape[0]):
+        a, b = a.to(_f32), b.to(_f32)
+    return torch.mm(a, b)
+
+
 def linear_backward(x, grad_output, weight, output_mask):
     if len(output_mask) < 3:
         raise ValueError(f"linear_backward: output_mask needs 3 entries, got {list(output_mask)}")
-    dtype = x.dtype
-    gy = grad_output.to(_f32)
-    dx = torch.mm(gy.reshape(-1, gy.shape[-1]), weight.to(_f32)).reshape(
-        *x.shape[:-1], weight.shape[-1]).to(dtype) if output_mask[0] else None
-    dw = db = None
+    gy = grad_output.reshape(-1, grad_output.shape[-1])
+    dx = dw = db = None
+    if output_mask[0]:
+        dx = _gemm(gy, weight, weight.dtype).reshape(*x.shape[:-1], weight.shape[-1])
     if output_mask[1]:
-        gy2 = gy.reshape(-1, gy.shape[-1])
-        dw = torch.mm(gy2.t(), x.to(_f32).reshape(-1, x.shape[-1])).to(weight.dtype)
+        dw = _gemm(gy.t(), x.reshape(-1, x.shape[-1]), weight.dtype)
     if output_mask[2]:
-        db = gy.reshape(-1, gy.shape[-1]).sum(0).to(grad_output.dtype)
+        db = gy.sum(0)          # half-precision sums accumulate in fp32 on the CPU
     return dx, dw, db
+
+
+# custom bodies whose only heavy steps are matmuls: they take the matrix units' choice
+# (:func:`widens`) instead of computing every step in fp32
+_MATMUL_BODIES = frozenset({"linear_backward"})
 
 
 CUSTOM = {
@@ -362,4 +381,5 @@ def build(kernel: str, fn, out_meta):
         return fp32(fn, out_meta)
     if kernel == "matmul":
         return matmul(fn, out_meta)
-    return custom(CUSTOM[kernel], out_meta)
+    widened = kernel not in _MATMUL_BODIES or widens(_out_dtype(out_meta), None)
+    return custom(CUSTOM[kernel], out_meta, widened)
