@@ -356,6 +356,27 @@ def test_nan_scan_reads_device_latest_inputs_on_host():
     assert ev.count("d2h") == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_nan_scan_finds_every_nonfinite_value_wherever_it_is(dtype):
+    """The scan reads exponent bits: NaN, +inf and -inf at every position of lengths that are
+    not multiples of a vector, in whole storages, offset views and strided views; the largest
+    finite values and subnormals are not flagged."""
+    from torch_rbln.dispatch.rules import has_nonfinite
+    big = torch.finfo(dtype).max
+    for n in (1, 7, 8, 9, 31, 4096 + 5):
+        for pos in sorted({0, n // 2, n - 1}):
+            for bad in (float("nan"), float("inf"), -float("inf"), None):
+                x = torch.full((n,), big if pos % 2 else -big, dtype=dtype)
+                x[n // 3] = torch.finfo(dtype).tiny / 2            # a subnormal
+                if bad is not None:
+                    x[pos] = bad
+                d = x.to("rbln")
+                assert has_nonfinite(d) == (bad is not None), (n, pos, bad)
+                if n > 2:       # a view at an offset, and a strided view
+                    assert has_nonfinite(d[1:]) == (bad is not None and pos >= 1)
+                    assert has_nonfinite(d[::2]) == (bad is not None and pos % 2 == 0)
+
+
 def test_dev_disable_checks_warns_once_and_is_read_live(monkeypatch):
     import torch_rbln.dispatch.checks as checks
     monkeypatch.setattr(checks, "_warned_dev", False)
