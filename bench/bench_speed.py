@@ -179,7 +179,6 @@ MEDIUM = dict(hidden=1024, layers=4, heads=16, kv_heads=8, seq=128)
 
 
 def _rss_child(variant: str, threads: int) -> None:
-    import resource
     torch.set_num_threads(threads)
     cfg = llama_config(**MEDIUM)
     from transformers import LlamaForCausalLM
@@ -194,8 +193,18 @@ def _rss_child(variant: str, threads: int) -> None:
     with torch.inference_mode():
         for _ in range(3):
             m(ids).logits.cpu()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"peak": peak, "weights_bf16": weights * 2}))
+    print(json.dumps({"peak": _peak_rss(), "weights_bf16": weights * 2}))
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory in bytes (VmHWM: ru_maxrss would include the parent's
+    peak, which Linux carries across fork and exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def rss_rows(threads: int) -> None:
