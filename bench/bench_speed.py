@@ -46,6 +46,14 @@ import time
 
 # idle OpenMP workers sleep instead of spinning (a shared machine); set before torch loads
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Inductor's on-disk cache does not tell kernels built under a forced ATEN_CPU_CAPABILITY from
+# the host's own: one cache per capability, or the graph row may run a mismatched kernel
+if "ATEN_CPU_CAPABILITY" in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import getpass
+    import tempfile
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_"
+                               f"{os.environ['ATEN_CPU_CAPABILITY'].lower()}")
 
 import torch  # noqa: E402
 

@@ -48,6 +48,7 @@ NPU_PRIMITIVES = frozenset({
     "_softmax_backward_data", "silu_backward", "linear", "logsumexp",
     # fused attention (the host's flash kernel computes the NPU's attention unit)
     "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
     # data movement (the copy engine)
     "cat", "index_select", "index_copy", "repeat_interleave", "arange", "zero", "zeros",
     "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "zeros_like",

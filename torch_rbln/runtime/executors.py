@@ -144,6 +144,18 @@ def _softmax_and_lse(s):
 
 
 _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_flash_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _float_mask(attn_bias):
+    """An attention mask as the fused kernels take it: additive fp32 (``-inf`` where a bool
+    mask is False), or None."""
+    if attn_bias is None:
+        return None
+    if attn_bias.dtype == torch.bool:
+        return torch.zeros(attn_bias.shape, dtype=_f32).masked_fill(attn_bias.logical_not(),
+                                                                    float("-inf"))
+    return attn_bias.to(_f32)
 
 
 def _fused(q, k, v, attn_bias, is_causal, scale):
@@ -151,11 +163,7 @@ def _fused(q, k, v, attn_bias, is_causal, scale):
     no ``L x S`` weights in memory; GQA heads as they are): the math of :func:`_scores` and
     :func:`_softmax_and_lse` in one pass. A fully masked row gets zero weights there too; its
     logsumexp, which that kernel leaves 0, is set to ``-inf`` as the math defines it."""
-    mask = None
-    if attn_bias is not None:
-        mask = (torch.zeros(attn_bias.shape, dtype=_f32).masked_fill(attn_bias.logical_not(),
-                                                                     float("-inf"))
-                if attn_bias.dtype == torch.bool else attn_bias.to(_f32))
+    mask = _float_mask(attn_bias)
     out, lse = _flash_cpu(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
     if mask is not None:      # rows whose every logit is masked (the causal mask included)
         if is_causal:
@@ -222,6 +230,17 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
     h, hk = q.shape[-3], k.shape[-3]
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     qf, kf, vf, go = q.to(_f32), k.to(_f32), v.to(_f32), grad_out.to(_f32)
+    bias_grad = attn_bias is not None and attn_bias.dtype != torch.bool and grad_input_mask[3]
+    if dropout_p == 0.0 and not bias_grad and q.dim() == 4:
+        # the host's fused backward (flash attention's): the weights recomputed from the
+        # forward's logsumexp, tile by tile, GQA heads as they are
+        dq, dk, dv = _flash_cpu_backward(go, qf, kf, vf, out.to(_f32),
+                                         logsumexp.masked_fill(logsumexp.eq(float("-inf")), 0.0),
+                                         0.0, is_causal, attn_mask=_float_mask(attn_bias),
+                                         scale=sc)
+        return (dq.to(dtype) if grad_input_mask[0] else None,
+                dk.to(dtype) if grad_input_mask[1] else None,
+                dv.to(dtype) if grad_input_mask[2] else None, None)
     s = _scores(qf, kf, attn_bias, is_causal, sc)
     w, _ = _softmax_and_lse(s)
     kr, vr = _repeat_kv(kf, h), _repeat_kv(vf, h)
