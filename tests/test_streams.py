@@ -236,3 +236,23 @@ def test_record_stream_defers_reuse_until_the_stream_work_is_done():
     assert out["empty_cache"] == [True, 0]
     assert "the stream is on rbln:1, the tensor on rbln:0" in out["errors"][0]
     assert out["errors"][1] is not None                 # a CPU tensor: PyTorch's own error
+
+
+def test_an_allocation_that_only_fits_in_recorded_memory_waits_for_the_stream():
+    """As CUDA's caching allocator: before an out-of-memory error, the work of the streams
+    that freed blocks were recorded on is waited for, and those blocks are used."""
+    out = run_json(PRELUDE + """
+    s = torch.rbln.Stream()
+    N = 3 << 18                       # 1.5 MiB of fp16 in a 2 MiB device
+    t = torch.empty(N, device="rbln", dtype=torch.float16).fill_(1).mul_(2)
+    log, gate = [], threading.Event()
+    blocker(s, log, "done", gate)
+    t.record_stream(s)
+    del t                             # its block waits for s
+    threading.Timer(0.3, gate.set).start()
+    u = torch.empty(N, device="rbln", dtype=torch.float16).fill_(3).mul_(1)
+    ok = torch.equal(u.cpu(), torch.full((N,), 3.0, dtype=torch.float16))
+    stats = torch.rbln.memory_stats()
+    print(json.dumps({"log": log, "ok": ok, "ooms": stats["num_ooms"]}))
+    """, {"TORCH_RBLN_DEVICE_MEMORY": "2MiB"})
+    assert out == {"log": ["done"], "ok": True, "ooms": 0}

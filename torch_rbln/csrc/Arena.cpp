@@ -48,7 +48,11 @@ Block Arena::malloc(int64_t nbytes, bool with_memory) {
   // need the GIL, which a thread waiting for this lock may hold)
   at::Tensor dropped;
   std::vector<at::Tensor> released;
-  {
+  std::vector<QueuePoint> waits;  // before the second try: the recorded streams' work
+  for (bool retried = false;; retried = true) {
+    for (const auto& p : waits) {  // without the lock: that work may allocate
+      wait_point(p);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     if (!deferred_.empty()) {
       take_back_reached_locked(released);
@@ -64,30 +68,34 @@ Block Arena::malloc(int64_t nbytes, bool with_memory) {
         return Block{size, std::move(mem)};
       }
       dropped = std::move(mem);
-    } else {
-      if (stats_.reserved.current + size > capacity_) {
-        if (stats_.cached) {
-          stats_.num_alloc_retries += 1;
-          for (auto& m : release_cache_locked()) {
-            released.push_back(std::move(m));
-          }
-          if (stats_.reserved.current + size > capacity_) {
-            stats_.num_ooms += 1;
-            out_of_memory(size);
-          }
-        } else {
-          stats_.num_ooms += 1;
-          out_of_memory(size);
-        }
-      }
-      stats_.reserved.add(size);
-      stats_.allocated.add(size);
-      stats_.active.add(size);
-      stats_.num_device_alloc += 1;
-      if (stats_.reserved.current > stats_.reserved_peak_ever) {
-        stats_.reserved_peak_ever = stats_.reserved.current;
+      break;
+    }
+    if (stats_.reserved.current + size > capacity_ && stats_.cached) {
+      stats_.num_alloc_retries += 1;
+      for (auto& m : release_cache_locked()) {
+        released.push_back(std::move(m));
       }
     }
+    if (stats_.reserved.current + size > capacity_) {
+      if (!retried && !deferred_.empty()) {
+        // as CUDA's allocator before it gives up: blocks freed while a recorded stream may
+        // still use them come back once that work is done, then the request is tried again
+        for (const auto& d : deferred_) {
+          waits.insert(waits.end(), d.uses.begin(), d.uses.end());
+        }
+        continue;
+      }
+      stats_.num_ooms += 1;
+      out_of_memory(size);
+    }
+    stats_.reserved.add(size);
+    stats_.allocated.add(size);
+    stats_.active.add(size);
+    stats_.num_device_alloc += 1;
+    if (stats_.reserved.current > stats_.reserved_peak_ever) {
+      stats_.reserved_peak_ever = stats_.reserved.current;
+    }
+    break;
   }
   if (dropped.defined() || !with_memory) {
     return Block{size, at::Tensor()};
@@ -134,14 +142,18 @@ void Arena::cache_locked(int64_t size, at::Tensor& mem) {
 
 void Arena::take_back_reached_locked(std::vector<at::Tensor>& dropped) {
   size_t kept = 0;
-  for (auto& d : deferred_) {
+  for (size_t i = 0; i < deferred_.size(); ++i) {
+    auto& d = deferred_[i];
     if (all_reached(d.uses)) {
       cache_locked(d.size, d.memory);
       if (d.memory.defined()) {
         dropped.push_back(std::move(d.memory));
       }
     } else {
-      deferred_[kept++] = std::move(d);
+      if (kept != i) {  // a self-move would empty the entry's points and memory
+        deferred_[kept] = std::move(d);
+      }
+      ++kept;
     }
   }
   deferred_.resize(kept);

@@ -77,7 +77,8 @@ class HostPool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       size_t kept = 0;
-      for (auto& d : deferred_) {
+      for (size_t i = 0; i < deferred_.size(); ++i) {
+        auto& d = deferred_[i];
         bool done = true;
         for (const auto& p : d.uses) {
           done = done && point_reached(p);
@@ -85,7 +86,10 @@ class HostPool {
         if (done) {
           reached.push_back(std::move(d));
         } else {
-          deferred_[kept++] = std::move(d);
+          if (kept != i) {  // a self-move would empty the entry's points
+            deferred_[kept] = std::move(d);
+          }
+          ++kept;
         }
       }
       deferred_.resize(kept);
