@@ -14,7 +14,7 @@ to the output dtype once, at the op boundary. The forms:
   widening). :func:`matmul_precision` makes the choice once per process; graph programs make
   the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it.
 * custom      programs whose body is written out here (attention, ``linear_backward``): each
-  step in fp32, one rounding per output.
+  step in fp32 (float64 in float64, as on the CPU), one rounding per output.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _f32 = torch.float32
 
 
 def _widen(x):
+    # fp16/bf16 to fp32; wider dtypes (float32, float64) keep their own precision
     if isinstance(x, torch.Tensor) and x.dtype in HALF:
         return x.to(_f32)
     if isinstance(x, (list, tuple)):
@@ -68,7 +69,7 @@ def _bmm(a, b):
     return out.reshape(*lead, a.shape[-2], b.shape[-1])
 
 def _scores(q, k, attn_bias, is_causal, scale):
-    """fp32 attention logits ``q @ kᵀ * scale + mask`` (GQA: k heads repeated)."""
+    """Attention logits ``q @ kᵀ * scale + mask`` in the widened dtype (GQA: k heads repeated)."""
     k = _repeat_kv(k, q.shape[-3])
     s = _bmm(q, k.transpose(-2, -1)) * scale
     L, S = q.shape[-2], k.shape[-2]
@@ -80,7 +81,7 @@ def _scores(q, k, attn_bias, is_causal, scale):
         if attn_bias.dtype == torch.bool:
             s = s.masked_fill(attn_bias.logical_not(), float("-inf"))
         else:
-            s = s + attn_bias.to(_f32)
+            s = s + attn_bias.to(s.dtype)
     return s
 
 
@@ -138,9 +139,9 @@ def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
     dropped and ``v`` is scaled by ``1 / (1 - p)``: PyTorch's math attention given that mask."""
     dtype = q.dtype
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = _scores(q.to(_f32), k.to(_f32), attn_bias, is_causal, sc)
+    s = _scores(_widen(q), _widen(k), attn_bias, is_causal, sc)
     w, lse = _softmax_and_lse(s)
-    vr = _repeat_kv(v.to(_f32), q.shape[-3])
+    vr = _repeat_kv(_widen(v), q.shape[-3])
     if dropout_p > 0.0:
         w = w.masked_fill(dropout_mask.logical_not(), 0.0)
         vr = vr * _dropout_scale(dropout_p)
@@ -169,7 +170,7 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
     dtype = q.dtype
     h, hk = q.shape[-3], k.shape[-3]
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    qf, kf, vf, go = q.to(_f32), k.to(_f32), v.to(_f32), grad_out.to(_f32)
+    qf, kf, vf, go = _widen((q, k, v, grad_out))
     s = _scores(qf, kf, attn_bias, is_causal, sc)
     w, _ = _softmax_and_lse(s)
     kr, vr = _repeat_kv(kf, h), _repeat_kv(vf, h)
@@ -201,13 +202,13 @@ def linear_backward(x, grad_output, weight, output_mask):
     if len(output_mask) < 3:
         raise ValueError(f"linear_backward: output_mask needs 3 entries, got {list(output_mask)}")
     dtype = x.dtype
-    gy = grad_output.to(_f32)
-    dx = torch.mm(gy.reshape(-1, gy.shape[-1]), weight.to(_f32)).reshape(
+    gy = _widen(grad_output)
+    dx = torch.mm(gy.reshape(-1, gy.shape[-1]), _widen(weight)).reshape(
         *x.shape[:-1], weight.shape[-1]).to(dtype) if output_mask[0] else None
     dw = db = None
     if output_mask[1]:
         gy2 = gy.reshape(-1, gy.shape[-1])
-        dw = torch.mm(gy2.t(), x.to(_f32).reshape(-1, x.shape[-1])).to(weight.dtype)
+        dw = torch.mm(gy2.t(), _widen(x).reshape(-1, x.shape[-1])).to(weight.dtype)
     if output_mask[2]:
         db = gy.reshape(-1, gy.shape[-1]).sum(0).to(grad_output.dtype)
     return dx, dw, db
