@@ -118,8 +118,25 @@ def test_linear_second_order_gradients_match_cpu(x_shape, w_shape, bias):
         g = torch.autograd.grad(y.sin().sum(), ts, create_graph=True)
         res.append(torch.autograd.grad(sum((gi * gi).sum() for gi in g), ts))
     for a, b in zip(*res):
-        # rbln's matmul accumulates in float32 (README: "NPU numerics and tolerances")
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b.cpu(), a)
+
+
+@pytest.mark.parametrize("x_shape", [(5, 7), (2, 3, 7), (7,)])
+def test_float64_linear_gradients_equal_cpu_to_float64_precision(x_shape):
+    """float64 computes in float64 on rbln: linear's first-order gradients (the device's
+    ``linear_backward``, which accumulates half-precision inputs in fp32) keep float64's
+    precision instead of passing through fp32."""
+    torch.manual_seed(0)
+    ins = [torch.randn(x_shape, dtype=torch.double), torch.randn(4, 7, dtype=torch.double),
+           torch.randn(4, dtype=torch.double)]
+    res = []
+    for dv in ("cpu", "rbln"):
+        ts = [t.to(dv).requires_grad_() for t in ins]
+        y = nn.functional.linear(*ts)
+        res.append(torch.autograd.grad(y, ts, torch.linspace(-2, 3, y.numel(), dtype=torch.double)
+                                       .reshape(y.shape).to(dv)))
+    for a, b in zip(*res):
+        torch.testing.assert_close(b.cpu(), a)
 
 
 @pytest.mark.parametrize("swap", [False, True])

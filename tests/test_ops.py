@@ -139,6 +139,19 @@ def test_sdpa_unaligned_head_dim_falls_back_in_fp32():
     assert ev.count("cpu_fallback_reason", "sdpa: head_dim 16 not aligned to 32") == 1
 
 
+def test_sdpa_device_kernel_keeps_float64_precision():
+    """The device attention body widens fp16/bf16 to fp32; float64 computes in float64 (it
+    reaches that body only when called directly: F.scaled_dot_product_attention picks math)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 32, dtype=torch.double) for _ in range(3))
+    mask = torch.randn(1, 1, 8, 8, dtype=torch.double)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+        *rb(q, k, v), mask.to("rbln"))[0]
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out.cpu(), expected)
+
+
 def test_sdpa_choice_is_math_for_3d_inputs():
     q, k, v = (_x(2, 64, 64) for _ in range(3))
     with Events() as ev:

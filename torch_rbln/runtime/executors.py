@@ -14,7 +14,7 @@ to the output dtype once, at the op boundary. The forms:
   widening). :func:`matmul_precision` makes the choice once per process; graph programs make
   the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it.
 * custom      programs whose body is written out here (attention, ``linear_backward``): each
-  step in fp32, one rounding per output.
+  step in fp32 (float64 in float64, as on the CPU), one rounding per output.
 
 The widening forms (``fp32``, a widened ``matmul``, custom bodies) mark their run callable
 ``widened``: the eager kernel then hands them their half-precision operands already in fp32,
@@ -37,6 +37,7 @@ _f32 = torch.float32
 
 
 def _widen(x):
+    # fp16/bf16 to fp32; wider dtypes (float32, float64) keep their own precision
     if isinstance(x, torch.Tensor) and x.dtype in HALF:
         return x.to(_f32)
     if isinstance(x, (list, tuple)):
@@ -91,7 +92,7 @@ def _bmm(a, b):
     return out.reshape(*lead, a.shape[-2], b.shape[-1])
 
 def _scores(q, k, attn_bias, is_causal, scale):
-    """fp32 attention logits ``q @ kᵀ * scale + mask`` (GQA: k heads repeated)."""
+    """Attention logits ``q @ kᵀ * scale + mask`` in the widened dtype (GQA: k heads repeated)."""
     k = _repeat_kv(k, q.shape[-3])
     s = _bmm(q, k.transpose(-2, -1)) * scale
     L, S = q.shape[-2], k.shape[-2]
@@ -103,7 +104,7 @@ def _scores(q, k, attn_bias, is_causal, scale):
         if attn_bias.dtype == torch.bool:
             s = s.masked_fill(attn_bias.logical_not(), float("-inf"))
         else:
-            s = s + attn_bias.to(_f32)
+            s = s + attn_bias.to(s.dtype)
     return s
 
 
@@ -147,15 +148,15 @@ _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _flash_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
-def _float_mask(attn_bias):
-    """An attention mask as the fused kernels take it: additive fp32 (``-inf`` where a bool
-    mask is False), or None."""
+def _float_mask(attn_bias, dtype):
+    """An attention mask as the fused kernels take it: additive, in the operands' ``dtype``
+    (``-inf`` where a bool mask is False), or None."""
     if attn_bias is None:
         return None
     if attn_bias.dtype == torch.bool:
-        return torch.zeros(attn_bias.shape, dtype=_f32).masked_fill(attn_bias.logical_not(),
-                                                                    float("-inf"))
-    return attn_bias.to(_f32)
+        return torch.zeros(attn_bias.shape, dtype=dtype).masked_fill(attn_bias.logical_not(),
+                                                                     float("-inf"))
+    return attn_bias.to(dtype)
 
 
 def _fused(q, k, v, attn_bias, is_causal, scale):
@@ -163,7 +164,7 @@ def _fused(q, k, v, attn_bias, is_causal, scale):
     no ``L x S`` weights in memory; GQA heads as they are): the math of :func:`_scores` and
     :func:`_softmax_and_lse` in one pass. A fully masked row gets zero weights there too; its
     logsumexp, which that kernel leaves 0, is set to ``-inf`` as the math defines it."""
-    mask = _float_mask(attn_bias)
+    mask = _float_mask(attn_bias, q.dtype)
     out, lse = _flash_cpu(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
     if mask is not None:      # rows whose every logit is masked (the causal mask included)
         if is_causal:
@@ -196,13 +197,13 @@ def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
     B, H, L = q.shape[0], q.shape[1], q.shape[2]
     S = k.shape[-2]
     if dropout_p == 0.0 and not return_debug_mask and q.dim() == 4:
-        out, lse = _fused(q.to(_f32), k.to(_f32), v.to(_f32), attn_bias, is_causal, sc)
+        out, lse = _fused(_widen(q), _widen(k), _widen(v), attn_bias, is_causal, sc)
         out = out.to(dtype)
         debug = torch.empty(0, dtype=dtype)
     else:
-        s = _scores(q.to(_f32), k.to(_f32), attn_bias, is_causal, sc)
+        s = _scores(_widen(q), _widen(k), attn_bias, is_causal, sc)
         w, lse = _softmax_and_lse(s)
-        vr = _repeat_kv(v.to(_f32), q.shape[-3])
+        vr = _repeat_kv(_widen(v), q.shape[-3])
         if dropout_p > 0.0:
             w = w.masked_fill(dropout_mask.logical_not(), 0.0)
             vr = vr * _dropout_scale(dropout_p)
@@ -229,15 +230,14 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
     dtype = q.dtype
     h, hk = q.shape[-3], k.shape[-3]
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    qf, kf, vf, go = q.to(_f32), k.to(_f32), v.to(_f32), grad_out.to(_f32)
+    qf, kf, vf, go = _widen((q, k, v, grad_out))
     bias_grad = attn_bias is not None and attn_bias.dtype != torch.bool and grad_input_mask[3]
     if dropout_p == 0.0 and not bias_grad and q.dim() == 4:
         # the host's fused backward (flash attention's): the weights recomputed from the
         # forward's logsumexp, tile by tile, GQA heads as they are
-        dq, dk, dv = _flash_cpu_backward(go, qf, kf, vf, out.to(_f32),
-                                         logsumexp.masked_fill(logsumexp.eq(float("-inf")), 0.0),
-                                         0.0, is_causal, attn_mask=_float_mask(attn_bias),
-                                         scale=sc)
+        lse = logsumexp.masked_fill(logsumexp.eq(float("-inf")), 0.0)
+        dq, dk, dv = _flash_cpu_backward(go, qf, kf, vf, _widen(out), lse, 0.0, is_causal,
+                                         attn_mask=_float_mask(attn_bias, qf.dtype), scale=sc)
         return (dq.to(dtype) if grad_input_mask[0] else None,
                 dk.to(dtype) if grad_input_mask[1] else None,
                 dv.to(dtype) if grad_input_mask[2] else None, None)
