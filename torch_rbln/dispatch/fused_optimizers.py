@@ -22,6 +22,7 @@ import torch
 from .. import events
 from ..runtime import caches, devices
 from ..runtime.storage import device_input, device_output
+from .optable import overload
 
 _record = events.record
 _record_program = events.record_program
@@ -56,8 +57,7 @@ def _update(t):
 
 
 def _kernel(name: str):
-    op = getattr(torch.ops.aten, name.split(".")[0])
-    cpu = getattr(op, name.split(".")[1]) if "." in name else op.default
+    cpu = overload(name)
     event_name = "aten::" + name
 
     def kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr,
