@@ -1,6 +1,7 @@
 """``torch.compile(f)`` with the default backend on rbln tensors runs through the rbln graph
 backend (docs/graph-mode.md ("Graph mode")); run in a fresh process. Inductor itself is replaced by a
-recorder here, so the test checks where each graph goes without compiling C++."""
+recorder here, so the test checks where each graph goes without compiling C++ (the rbln backend
+compiles its own partitions with Inductor too: those calls are not counted)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from conftest import run_json
 
 def test_default_compile_on_rbln_runs_the_rbln_backend():
     out = run_json("""
+    import sys
     import torch._inductor.compile_fx as cfx
     inductor_calls = []
     def recorder(gm, inputs, **kwargs):
-        inductor_calls.append(len(inputs))
+        if sys._getframe(1).f_code.co_name != "_inductor":    # not an rbln partition
+            inductor_calls.append(len(inputs))
         return gm.forward
     cfx.compile_fx = recorder
 

@@ -164,6 +164,21 @@ def run(op, args, kwargs):
     return op(*args, **kwargs)
 
 
+def changes(op, args, kwargs) -> bool:
+    """Whether :func:`run` computes ``op`` on these arguments (tensors or traced values) other
+    than as ``op(*args, **kwargs)``."""
+    rule = _rule(op)
+    if rule is None:
+        return False
+    dtypes, compute = rule
+    if _first(args, dtypes) is None and _first(tuple(kwargs.values()), dtypes) is None:
+        return False
+    if compute is _widened_if_complex:
+        vals = (*args, *kwargs.values())
+        return _first(vals, (_C32,)) is not None or any(isinstance(v, complex) for v in vals)
+    return True
+
+
 def host_kernel(op):
     """``op`` as a host function that widens as :func:`run` does (for the host nodes of a
     compiled graph), or None when no entry names ``op``."""

@@ -34,8 +34,8 @@ from .. import events
 from ..dispatch import compiler_optable, rules
 from ..runtime import caches, devices
 from . import programs, split
-from .rewrite import (fp32_matmuls, to_cpu_devices, use_custom_kernels, widen_cuda_dtypes,
-                      widened_inputs)
+from .rewrite import (compilable, fp32_matmuls, to_cpu_devices, use_custom_kernels,
+                      widen_cuda_dtypes, widened_inputs)
 from .runners import DevicePartition, EagerCall, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
@@ -90,7 +90,7 @@ class GraphProgram:
             events.record("warm_hit", self.key)
         for kind, key, amount in self.per_call:
             events.record(kind, key, amount)
-        return self.outer(*args)
+        return self.outer.forward(*args)     # skips nn.Module's call machinery
 
 
 def _check_options(options: dict | None, mode: str | None = None) -> dict:
@@ -120,9 +120,12 @@ def _target_device(example_inputs) -> torch.device:
     return torch.device("rbln", devices.current())
 
 
-def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode):
-    """Fused code for one device partition: Inductor's C++ backend on CPU example inputs made
-    inside the graph's fake mode (made outside it, symbolic shapes fail on a cold cache)."""
+def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode, device_side: bool = True):
+    """Fused code for one partition: Inductor's C++ backend on CPU example inputs made inside
+    the graph's fake mode (made outside it, symbolic shapes fail on a cold cache). A device
+    partition gets the NPU's matmul numerics; a host partition keeps eager's: each op rounds
+    to its result's dtype, as the op-by-op fallback does."""
+    from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx
 
     with fake_mode:
@@ -130,12 +133,18 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode):
                if isinstance(v, torch.Tensor) else v for v in fakes]
     gm = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))   # compile_fx may mutate its graph
     to_cpu_devices(gm)
-    fp32_matmuls(gm)
-    widened = widened_inputs(gm)
+    widened = frozenset()
+    if device_side:
+        fp32_matmuls(gm)
+        widened = widened_inputs(gm)
     if widened:
         with fake_mode:
             cpu = [v.float() if i in widened else v for i, v in enumerate(cpu)]
-    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+    # no per-call size/alignment asserts: Dynamo's guards fix each input's shape and strides,
+    # and the values between partitions come from programs compiled for them
+    with (torch._guards.tracing(torch._guards.TracingContext(fake_mode)),
+          config.patch(emulate_precision_casts=not device_side, size_asserts=False,
+                       alignment_asserts=False)):
         fn = compile_fx(gm, cpu)
 
     def run(*args):
@@ -201,9 +210,8 @@ def _results_as_rbln(gm: torch.fx.GraphModule, index: int) -> None:
     """Route the graph's results through :class:`Results` (staged values -> rbln tensors)."""
     out = gm.graph.output_node()
     values = out.args[0]
-    gm.add_module("results", Results(index))
     with gm.graph.inserting_before(out):
-        node = gm.graph.call_module("results", tuple(values))
+        node = gm.graph.call_function(Results(index), tuple(values))
     out.args = (node,)
     gm.recompile()
 
@@ -235,10 +243,17 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             to_cpu_devices(sub)
             widen_cuda_dtypes(sub)
             ops = split.placements_of(sub, placed)
-            part = HostPartition(node.target, rbln_out, index, sub, ops)
+            run = None
+            if compilable(sub):
+                # the same ops on the same host, without a Python call per op
+                fakes = [a.meta.get("val") for a in node.args]
+                run = _inductor(sub, fakes, fake_mode, device_side=False)[0]
+            part = HostPartition(node.target, rbln_out, index, sub, ops, run)
             host_ops.extend((p.op, p.reason) for p in part.ops)
             host_parts += 1
-        setattr(gm, node.target, part)
+        # called as a plain function from the outer graph: no nn.Module call per partition
+        gm.delete_submodule(node.target)
+        node.op, node.target = "call_function", part
     for node in gm.graph.nodes:
         p = placed.get(node.name) if node.op == "call_function" else None
         if p is not None and p.where == "eager":

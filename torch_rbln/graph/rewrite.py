@@ -3,6 +3,8 @@ NPU's matmul numerics."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
@@ -27,15 +29,36 @@ def to_cpu_devices(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _traced(a):
+    return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+
 def widen_cuda_dtypes(gm: torch.fx.GraphModule) -> None:
-    """Host nodes whose op CUDA runs in dtypes the CPU kernel lacks compute as eager's fallback
-    does (``dispatch/cuda_dtypes.py``): ``histc`` on int32 works in a graph too."""
+    """Host nodes whose op CUDA runs in dtypes the CPU kernel lacks, on such operands, compute
+    as eager's fallback does (``dispatch/cuda_dtypes.py``): ``histc`` on int32 works in a graph
+    too. Decided on the traced operands: every other node keeps its aten op."""
     for n in gm.graph.nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-            k = cuda_dtypes.host_kernel(n.target)
-            if k is not None:
-                n.target = k
+            args = torch.fx.node.map_aggregate(n.args, _traced)
+            kwargs = torch.fx.node.map_aggregate(n.kwargs, _traced)
+            if cuda_dtypes.changes(n.target, args, kwargs):
+                n.target = cuda_dtypes.host_kernel(n.target)
     gm.recompile()
+
+
+def compilable(gm: torch.fx.GraphModule) -> bool:
+    """Whether Inductor may compile a host partition without changing what it computes: aten
+    ops only (no widening stand-in, no custom program body) and no random op (Inductor draws
+    its own random numbers, eager's fallback draws from the CPU generator)."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is operator.getitem:
+            continue
+        if (not isinstance(n.target, torch._ops.OpOverload)
+                or torch.Tag.nondeterministic_seeded in n.target.tags):
+            return False
+    return True
 
 
 def use_custom_kernels(gm: torch.fx.GraphModule, placed: dict, index: int) -> None:

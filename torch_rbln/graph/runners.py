@@ -52,14 +52,14 @@ class Staged:
         return self.t
 
 
-class _Partition(torch.nn.Module):
-    """Common part: bind inputs to CPU tensors on this side, run, stage the results."""
+class _Partition:
+    """Common part: bind inputs to CPU tensors on this side, run, stage the results. The outer
+    graph calls it as a function (``__name__``: the partition's name in its code)."""
 
     device_side: bool
 
     def __init__(self, name: str, rbln_out: tuple, index: int):
-        super().__init__()
-        self.name = name
+        self.name = self.__name__ = name
         self.rbln_out = rbln_out     # per result: does the graph expect it on rbln?
         self.index = index           # the NPU (rbln:index) the graph runs on
 
@@ -123,7 +123,7 @@ class DevicePartition(_Partition):
     def drop(self) -> None:
         self.fn = None
 
-    def forward(self, *args):
+    def __call__(self, *args):
         cpu_args, owners = self._bind(args)
         t0 = _span_start()
         outs = self.fn(*cpu_args)
@@ -132,20 +132,23 @@ class DevicePartition(_Partition):
 
 
 class HostPartition(_Partition):
-    """Nodes the NPU does not take, run op by op on the host views; each op is reported as a
-    CPU fallback with its reason, exactly as in eager."""
+    """Nodes the NPU does not take, run on the host views: as fused host code (``run``, compiled
+    by Inductor like a device partition) where that computes the same, else op by op. Each op
+    is reported as a CPU fallback with its reason, exactly as in eager."""
 
     device_side = False
 
-    def __init__(self, name, rbln_out, index, gm: torch.fx.GraphModule, ops: list[Placement]):
+    def __init__(self, name, rbln_out, index, gm: torch.fx.GraphModule, ops: list[Placement],
+                 run=None):
         super().__init__(name, rbln_out, index)
         self.gm = gm
+        self.run = run if run is not None else gm
         self.ops = [p for p in ops if p.where == "host"]
 
-    def forward(self, *args):
+    def __call__(self, *args):
         cpu_args, owners = self._bind(args)
         t0 = _perf_ns()
-        res = self._deliver(self.gm(*cpu_args), owners)
+        res = self._deliver(self.run(*cpu_args), owners)
         if self.ops:
             share = (_perf_ns() - t0) // len(self.ops)
             for p in self.ops:
@@ -175,14 +178,15 @@ def materialize(s: Staged, index: int) -> torch.Tensor:
     return t
 
 
-class Results(torch.nn.Module):
+class Results:
     """The graph's results as rbln tensors; each storage takes the state its value reached."""
 
+    __name__ = "results"
+
     def __init__(self, index: int):
-        super().__init__()
         self.index = index
 
-    def forward(self, *values):
+    def __call__(self, *values):
         done: dict = {}
         out = []
         for v in values:
