@@ -117,6 +117,40 @@ def test_op_without_device_kernel_reported_as_cpu_fallback():
     assert _delta(before, "d2h") and _delta(before, "h2d")
 
 
+def test_fused_host_partition_rounds_each_op_as_eager():
+    # two fp16 host ops in one host partition, compiled to one host kernel: each result is
+    # rounded to fp16 as the op-by-op fallback does (rounding once would differ)
+    def f(x):
+        return torch.sin(torch.sin(x))
+
+    x = torch.randn(64, 128, dtype=torch.float16)
+    xr = x.to("rbln")
+    eager = f(xr).cpu()
+    before = events.snapshot()
+    with torch.rbln.capture_programs() as programs:
+        y = torch.compile(f, backend="rbln", fullgraph=True)(xr)
+    assert torch.equal(y.cpu(), eager) and torch.equal(eager, f(x))
+    assert programs[0].host_partitions == 1 and programs[0].device_partitions == 0
+    assert _delta(before, "cpu_fallback") == {"aten::sin": 2}
+
+
+def test_host_partition_with_a_random_op_draws_as_eager():
+    # Inductor draws its own random numbers: such a host partition runs op by op
+    def f(x):
+        return torch.rand_like(x) + torch.sin(x)
+
+    xr = torch.randn(64, 128, dtype=torch.float16).to("rbln")
+    torch.manual_seed(0)
+    eager = f(xr).cpu()
+    compiled = torch.compile(f, backend="rbln", fullgraph=True)
+    with torch.rbln.capture_programs() as programs:
+        torch.manual_seed(0)
+        y = compiled(xr)
+    assert torch.equal(y.cpu(), eager)
+    assert programs[0].host_ops == (("aten::rand_like", "no-device-kernel"),
+                                    ("aten::sin", "no-device-kernel"))
+
+
 def test_graph_keeps_eager_dtype_rule_and_pads_unaligned_last_dims():
     def f(x):
         return (x.float() * 2).half() + x, x[:, :32] * 3

@@ -338,6 +338,8 @@ PRIVATE: tuple[Hook, ...] = (
     Hook("torch._higher_order_ops.auto_functionalize.auto_functionalized_v2",
          "graph-mode: mutating operators with their own rbln kernel", at_import=False),
     Hook("torch._inductor.compile_fx.compile_fx", "graph-mode kernels", at_import=False),
+    Hook("torch._inductor.config.patch", "graph-mode kernels: host partitions' per-op rounding",
+         at_import=False),
     # the rbln-ccl process group (distributed/process_group.py) overrides these of PyTorch's
     # Python ProcessGroup route
     *(Hook(f"torch.distributed.ProcessGroup.{name}", "the rbln-ccl process group")

@@ -12,9 +12,10 @@ Pipeline per Dynamo graph (one compile id, ``"0/0"``, ``"0/1"`` ...):
    counted once per launch (a ``graph_pad`` event).
 3. Each device partition is compiled to fused code by Inductor's C++ backend, on CPU example
    inputs made inside the graph's own fake mode, and runs as one launch on the device buffers;
-   host partitions run op by op on the host views; operators with their own rbln kernel are
-   called on the rbln tensors between partitions (``runners.py``; graph rewrites in
-   ``rewrite.py``).
+   host partitions are compiled the same way with eager's per-op rounding and run on the host
+   views (op by op where fusing would compute something else: ``rewrite.compilable``);
+   operators with their own rbln kernel are called on the rbln tensors between partitions
+   (``runners.py``; graph rewrites in ``rewrite.py``).
 
 Each compiled aten graph is one ``recompile`` event keyed ``graph <compile id>`` (the backward
 ``graph <compile id> backward``) carrying its compile time, and one :class:`CompiledProgram` for

@@ -2,10 +2,10 @@
 
 Device partitions are maximal groups of device nodes (plus the free nodes between them, and the
 nodes the compiler keeps on its host side, "in-program") that can run as one program without a
-cycle through the host; each becomes one launch. The nodes
-left over form host partitions, run op by op on the host, except operators with their own rbln
-kernel ("eager" placement), which stay in the outer graph between partitions. The outer graph
-then only calls partitions and those operators, and unpacks their results.
+cycle through the host; each becomes one launch. The nodes left over form host partitions,
+run on the host (``backend.py`` says how), except operators with their own rbln kernel
+("eager" placement), which stay in the outer graph between partitions. The outer graph then
+only calls partitions and those operators, and unpacks their results.
 """
 
 from __future__ import annotations
