@@ -43,7 +43,8 @@ def setup() -> None:
     warm = device_op.register_warm_path()
     for name, fn in device_op.kernels().items():
         aten.impl(name, fn, "PrivateUse2" if name in warm else "PrivateUse1")
-    for table in (views.kernels(), factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
+    views.register()
+    for table in (factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
                   composites.KERNELS, rnn_cells.KERNELS, fused_optimizers.KERNELS,
                   fallback.host_kernels(), cuda_dtypes.KERNELS):
         for name, fn in table.items():
