@@ -164,6 +164,14 @@ def run(op, args, kwargs):
     return op(*args, **kwargs)
 
 
+def unchanged(op, args, kwargs) -> bool:
+    """:func:`run` is ``op(*args, **kwargs)`` for these arguments: no entry widens or redefines
+    it (the native warm path may then replay the call as the plain op)."""
+    rule = _rule(op)
+    return rule is None or (_first(args, rule[0]) is None
+                            and _first(tuple(kwargs.values()), rule[0]) is None)
+
+
 def host_kernel(op):
     """``op`` as a host function that widens as :func:`run` does (for the host nodes of a
     compiled graph), or None when no entry names ``op``."""

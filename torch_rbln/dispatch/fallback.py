@@ -278,6 +278,19 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     return _to_rbln(layouts.checked(out, op.name()), ctx)
 
 
+def plain_functional(op: torch._ops.OpOverload, args, kwargs, result) -> bool:
+    """:func:`run_on_cpu` gave ``result`` as the op itself gives it on the host views of
+    ``args``: nothing written, no generator, no host twin, no widening, a fresh result tensor
+    (the native warm path may then replay the call as the plain op)."""
+    if (op._schema.is_mutable or op.name() in _HOST_TWIN or _generator_slot(op) is not None
+            or _draws_from_cpu_default(op) or not isinstance(result, torch.Tensor)
+            or not cuda_dtypes.unchanged(op.overloadpacket, args, kwargs)):
+        return False
+    ptr = result.untyped_storage().data_ptr()
+    return not any(isinstance(a, torch.Tensor) and a.device.type == "rbln"
+                   and a.untyped_storage().data_ptr() == ptr for a in args)
+
+
 _TENSOR_SLOTS: dict = {}
 
 
