@@ -44,7 +44,10 @@ def setup() -> None:
     for name, fn in device_op.kernels().items():
         aten.impl(name, fn, "PrivateUse2" if name in warm else "PrivateUse1")
     views.register()
-    for table in (factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
+    native = data_movement.register_native()
+    for name, fn in data_movement.KERNELS.items():
+        aten.impl(name, fn, "PrivateUse2" if name in native else "PrivateUse1")
+    for table in (factories.KERNELS, copy.KERNELS,
                   composites.KERNELS, rnn_cells.KERNELS, fused_optimizers.KERNELS,
                   fallback.host_kernels(), cuda_dtypes.KERNELS):
         for name, fn in table.items():

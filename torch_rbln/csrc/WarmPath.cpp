@@ -831,6 +831,14 @@ c10::OperatorHandle find_op(const std::string& name) {
 
 }  // namespace
 
+bool warm_path_on() {
+  return enabled.load(std::memory_order_relaxed);
+}
+
+bool spans_whole_storage(const at::Tensor& t) {
+  return spans_own_storage(t);
+}
+
 void bind_warm_path(py::module_& m) {
   m.def("warm_register",
         [](const std::string& name, const std::string& op_name, const std::string& fn_name,
