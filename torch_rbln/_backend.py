@@ -44,14 +44,14 @@ def setup() -> None:
     for name, fn in device_op.kernels().items():
         aten.impl(name, fn, "PrivateUse2" if name in warm else "PrivateUse1")
     views.register()
-    native = data_movement.register_native()
-    for name, fn in data_movement.KERNELS.items():
-        aten.impl(name, fn, "PrivateUse2" if name in native else "PrivateUse1")
-    for table in (factories.KERNELS, copy.KERNELS,
+    # data movements served natively in their common case: their Python kernels take the rest
+    # from PrivateUse2
+    native = data_movement.register_native() | copy.register_native()
+    for table in (factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
                   composites.KERNELS, rnn_cells.KERNELS, fused_optimizers.KERNELS,
                   fallback.host_kernels(), cuda_dtypes.KERNELS):
         for name, fn in table.items():
-            aten.impl(name, fn, "PrivateUse1")
+            aten.impl(name, fn, "PrivateUse2" if name in native else "PrivateUse1")
     for name, fn in (*composites.AUTOGRAD_KERNELS.items(), *cuda_dtypes.KERNELS.items()):
         aten.impl(name, fn, "AutogradPrivateUse1")
     for name in copy.MATH_BIT_PASSTHROUGH:

@@ -1,11 +1,19 @@
-// The common case of `cat` (torch_rbln/dispatch/data_movement.py, the reference) without
-// Python: every tensor an rbln tensor of one device and one dtype, no listener on the event
+// Two data movements of every eager forward, in their common case, without Python; their
+// Python kernels stay the reference, registered on PrivateUse2, and take every other call.
+//
+// `cat` (torch_rbln/dispatch/data_movement.py): every tensor an rbln tensor of one device and one dtype, no listener on the event
 // stream. It runs where the data is, as the Python kernel does and with the same events: on
 // the device when a non-empty source's latest data is there (host-latest sources pushed first,
 // the result device-latest, the runtime's `v2v_multi` primitive timed), else on the host views
 // (nothing crosses, the result host-latest). Every other call (mixed dtypes or devices, a CPU
-// tensor, out=, a listener, the warm path switched off) goes to the Python kernel, registered on
-// PrivateUse2 for that.
+// tensor, out=, a listener, the warm path switched off) goes to the Python kernel.
+//
+// `_copy_from` between two rbln tensors of one device (torch_rbln/dispatch/copy.py, `_d2d`):
+// the copy table's device-to-device rows with their events: a direct copy of device-latest
+// bytes on the device (`v2v`, runtime `v2v`), of host-latest or synced bytes on the host
+// (`v2v_slow`, `v2v_reject`), anything else (a dtype conversion, a broadcast, a strided copy)
+// through the host (`bounce copy_d2d_host_bounce`). Host <-> device copies, non_blocking ones and
+// calls with a listener go to the Python kernel.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/utils/pybind.h>
@@ -23,10 +31,22 @@ namespace torch_rbln {
 
 bool warm_path_on();                        // WarmPath.cpp: TORCH_RBLN_NATIVE_WARM_PATH
 bool spans_whole_storage(const at::Tensor& t);  // WarmPath.cpp: layout.spans_storage(t)
+bool spans_bytes(const at::Tensor& t, int64_t nbytes);  // layout.spans_storage(t, nbytes)
 
 namespace {
 
 events::Counter* v2v_multi = nullptr;
+events::Counter* v2v_runtime = nullptr;
+events::Counter* v2v_copy = nullptr;
+events::Counter* bounce_d2d = nullptr;
+events::Counter* slow_synced = nullptr;
+events::Counter* slow_host = nullptr;
+events::Counter* reject_host = nullptr;
+
+int64_t since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              t0).count();
+}
 
 void to_python(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
@@ -97,6 +117,59 @@ void cat_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
   stack->emplace_back(std::move(out));
 }
 
+// _copy_from(Tensor self, Tensor dst, bool non_blocking=False) -> Tensor
+void copy_from_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const auto& sv = (*stack)[stack->size() - n];
+  const auto& dv = (*stack)[stack->size() - n + 1];
+  if (!warm_path_on() || events::detail::listening.load(std::memory_order_relaxed) ||
+      !sv.isTensor() || !dv.isTensor()) {
+    return to_python(op, stack);
+  }
+  const at::Tensor src = sv.toTensor();
+  const at::Tensor dst = dv.toTensor();
+  if (!src.is_privateuseone() || !dst.is_privateuseone() ||
+      src.key_set().has(c10::DispatchKey::Python) || dst.key_set().has(c10::DispatchKey::Python)) {
+    return to_python(op, stack);
+  }
+  if (dst.numel() != 0) {
+    StorageState* sb = state_of(src);
+    StorageState* db = state_of(dst);
+    const int64_t nbytes = src.numel() * static_cast<int64_t>(src.itemsize());
+    const bool same = sb == db;
+    const bool direct = src.scalar_type() == dst.scalar_type() && src.sizes() == dst.sizes() &&
+                        src.is_contiguous() && dst.is_contiguous() && !same &&
+                        src.device() == dst.device();
+    if (direct && sb->residency == Residency::Device) {
+      const auto t0 = std::chrono::steady_clock::now();
+      db->device_write(spans_bytes(dst, db->nbytes));
+      const int64_t s0 = events::span_start();
+      db->device_alias(dst).copy_(sb->device_alias(src));
+      events::record_copy(v2v_copy, nbytes, dst.device().index(), s0);
+      events::record(v2v_runtime, since(t0));
+    } else if (direct) {  // the latest bytes are on the host: the runtime serves the copy there
+      const bool host = sb->residency == Residency::Host;
+      events::record(host ? slow_host : slow_synced, nbytes);
+      if (host) {
+        events::record(reject_host, nbytes);
+      }
+      db->host_write(spans_bytes(dst, db->nbytes));
+      db->host_alias(dst).copy_(sb->host_alias(src));
+    } else {  // a dtype conversion, broadcast, strided or cross-device copy through the host
+      events::record(bounce_d2d, nbytes);
+      sb->host_read();
+      at::Tensor src_cpu = sb->host_alias(src);
+      if (same) {
+        src_cpu = src_cpu.clone();  // overlapping source and destination
+      }
+      db->host_write(spans_bytes(dst, db->nbytes));
+      db->host_alias(dst).copy_(src_cpu);
+    }
+  }
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(dst);
+}
+
 torch::Library& library() {
   static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
                                         c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -111,6 +184,16 @@ void bind_data_movement(py::module_& m) {
     library().impl("cat", torch::CppFunction::makeFromBoxedFunction<&cat_kernel>());
   }, "Serve aten::cat's common case natively; its Python kernel must be registered on "
      "PrivateUse2.");
+  m.def("register_native_copy", []() {
+    v2v_runtime = events::counter("runtime", "v2v");
+    v2v_copy = events::counter("v2v", "");
+    bounce_d2d = events::counter("bounce", "copy_d2d_host_bounce");
+    slow_synced = events::counter("v2v_slow", "src_synced_host_served");
+    slow_host = events::counter("v2v_slow", "src_not_on_device");
+    reject_host = events::counter("v2v_reject", "src_not_on_device");
+    library().impl("_copy_from", torch::CppFunction::makeFromBoxedFunction<&copy_from_kernel>());
+  }, "Serve aten::_copy_from between two rbln tensors natively; its Python kernel must be "
+     "registered on PrivateUse2.");
 }
 
 }  // namespace torch_rbln

@@ -839,6 +839,10 @@ bool spans_whole_storage(const at::Tensor& t) {
   return spans_own_storage(t);
 }
 
+bool spans_bytes(const at::Tensor& t, int64_t nbytes) {
+  return spans(t, nbytes);
+}
+
 void bind_warm_path(py::module_& m) {
   m.def("warm_register",
         [](const std::string& name, const std::string& op_name, const std::string& fn_name,
