@@ -75,8 +75,10 @@ void cat_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
                    t.device().index() != ts[0].device().index()))) {
       return to_python(op, stack);
     }
-    if (t.numel() != 0 && state_of(t)->residency != Residency::Host) {
-      on_device = true;  // data_movement._on_device
+    if (t.numel() != 0) {  // data_movement._on_device (a queued copy into it finishes first)
+      StorageState* s = state_of(t);
+      s->settle();
+      on_device = on_device || s->residency != Residency::Host;
     }
     ts.push_back(std::move(t));
   }
@@ -140,6 +142,9 @@ void copy_from_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     const bool direct = src.scalar_type() == dst.scalar_type() && src.sizes() == dst.sizes() &&
                         src.is_contiguous() && dst.is_contiguous() && !same &&
                         src.device() == dst.device();
+    if (direct) {
+      sb->settle();  // a queued copy into the source finishes before its residency is read
+    }
     if (direct && sb->residency == Residency::Device) {
       const auto t0 = std::chrono::steady_clock::now();
       db->device_write(spans_bytes(dst, db->nbytes));
