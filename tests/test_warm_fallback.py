@@ -160,6 +160,14 @@ def test_a_skipped_rule_takes_the_python_path(monkeypatch):
     assert ("cpu_fallback", "aten::mul.out") not in d
     assert ("device_program", "aten::mul.out") in d
     assert torch.equal(r.cpu(), x.cpu() * x.cpu())
+    # the rule back on: the program compiled meanwhile never serves this key, the host run does
+    monkeypatch.delenv("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK")
+    for _ in range(2):
+        before = events.snapshot()
+        x * x
+        d = _delta(before, events.snapshot())
+        assert d[("cpu_fallback_reason", "dtype-not-fp16")][0] == 1
+        assert ("device_program", "aten::mul.out") not in d
 
 
 def _dev_warned() -> bool:

@@ -390,6 +390,7 @@ struct Call {
   c10::ScalarType dtype = at::kHalf;  // the operands' dtype (a widened matmul rounds to it)
   int deploy = 0;
   bool device_rules = true;  // the dtype rule passes (the later rules, the NaN/Inf scan, apply)
+  bool aligned = true;       // ... and the 64-alignment rule
 };
 
 class WarmKernel final : public c10::OperatorKernel {
@@ -423,6 +424,10 @@ class WarmKernel final : public c10::OperatorKernel {
     }
     if (mode_ != Mode::Functional && args[out_arg_].toTensor().sizes() != out_sizes) {
       python_path(op, stack, {});   // the out= tensor is resized (and warned about)
+      return;
+    }
+    if (fallback == nullptr && !(call.device_rules && call.aligned)) {
+      python_path(op, stack, {});  // a program for a key the rules send to the host: never cached
       return;
     }
     if (fallback != nullptr) {
@@ -537,7 +542,7 @@ class WarmKernel final : public c10::OperatorKernel {
     call.dtype = d0.value_or(at::kHalf);
     call.deploy = dep;
     call.device_rules = dtype_ok;
-    (void)unaligned;  // in the key (the shapes): only a cached decision acts on it
+    call.aligned = !unaligned;
     // Python floats among the positional arguments (the NaN/Inf rule), and the key
     std::vector<const c10::TensorImpl*> seen;
     key.reserve(48);
