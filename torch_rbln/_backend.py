@@ -43,11 +43,15 @@ def setup() -> None:
     warm = device_op.register_warm_path()
     for name, fn in device_op.kernels().items():
         aten.impl(name, fn, "PrivateUse2" if name in warm else "PrivateUse1")
-    for table in (views.kernels(), factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
+    views.register()
+    # data movements served natively in their common case: their Python kernels take the rest
+    # from PrivateUse2
+    native = data_movement.register_native() | copy.register_native()
+    for table in (factories.KERNELS, copy.KERNELS, data_movement.KERNELS,
                   composites.KERNELS, rnn_cells.KERNELS, fused_optimizers.KERNELS,
                   fallback.host_kernels(), cuda_dtypes.KERNELS):
         for name, fn in table.items():
-            aten.impl(name, fn, "PrivateUse1")
+            aten.impl(name, fn, "PrivateUse2" if name in native else "PrivateUse1")
     for name, fn in (*composites.AUTOGRAD_KERNELS.items(), *cuda_dtypes.KERNELS.items()):
         aten.impl(name, fn, "AutogradPrivateUse1")
     for name in copy.MATH_BIT_PASSTHROUGH:

@@ -14,6 +14,8 @@ namespace torch_rbln {
 void bind_runtime(pybind11::module_& m);  // Runtime.cpp
 void bind_warm_path(pybind11::module_& m);  // WarmPath.cpp
 void bind_profiler(pybind11::module_& m);  // Profiler.cpp
+void bind_views(pybind11::module_& m);  // Views.cpp
+void bind_data_movement(pybind11::module_& m);  // DataMovement.cpp
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -28,4 +30,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torch_rbln::bind_async_copy(m);
   torch_rbln::bind_warm_path(m);
   torch_rbln::bind_profiler(m);
+  torch_rbln::bind_views(m);
+  torch_rbln::bind_data_movement(m);
 }

@@ -14,6 +14,16 @@
 // Python decides everything first: a key enters this kernel's cache only after the Python path
 // ran a device program for it (and each key here determines the Python key), and dropping the
 // program cache drops these too. So every event and count is the Python path's.
+//
+// The same holds for a warm CPU fallback: when the Python path sends a call to the host for a
+// reason that follows from the key alone (device_op.REPLAYED: the dtype rule, the 64-alignment
+// rule after a clean NaN/Inf scan) and computes it in its plain host form (the functional op on
+// the host views, the result delivered over the host view), it tells this kernel so, and the
+// next call with that key replays the decision here: `dispatch`, `cpu_fallback_reason`, the
+// operands' host reads (d2h of device-latest ones), the op, the result, `cpu_fallback` with its
+// duration. Everything that could change the decision or needs Python (a listener: a guard
+// scope, the fallback log, call-site capture; the profiler's tap; a trace; a dispatch mode;
+// TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK; a non-finite operand) takes the Python path.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -26,11 +36,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -54,6 +66,7 @@ enum class Form : int8_t { Direct = 0, Matmul = 1 };
 std::atomic<bool> enabled{true};
 std::atomic<int64_t> generation{0};  // bumped whenever the program cache is dropped
 std::atomic<int64_t> served{0};      // calls the warm path ran itself (tests read it)
+std::atomic<int64_t> replayed{0};    // CPU fallbacks it replayed (tests read it)
 
 // the dtypes of the eager dispatch catalog and of the strict set (rules.configure), and the
 // half-precision dtypes whose matmuls are widened (executors.matmul_precision)
@@ -67,6 +80,7 @@ thread_local int program_depth = 0;
 // runs a device program (enter_program), so the key can be cached here.
 struct Ticket {
   bool ran = false;
+  std::string fallback;  // or: the reason of a host run it may replay (fallback_decided)
 };
 thread_local Ticket* pending = nullptr;
 
@@ -366,6 +380,8 @@ struct Program {
   std::vector<int64_t> key;
   int64_t generation;
   std::vector<int64_t> out_sizes;   // out= / in-place: the result's shape
+  // a CPU fallback's reason (`cpu_fallback_reason` counter), null for a device program
+  events::Counter* fallback = nullptr;
 };
 
 // what one call needs to know before it runs
@@ -373,6 +389,8 @@ struct Call {
   c10::DeviceIndex index = 0;
   c10::ScalarType dtype = at::kHalf;  // the operands' dtype (a widened matmul rounds to it)
   int deploy = 0;
+  bool device_rules = true;  // the dtype rule passes (the later rules, the NaN/Inf scan, apply)
+  bool aligned = true;       // ... and the 64-alignment rule
 };
 
 class WarmKernel final : public c10::OperatorKernel {
@@ -384,6 +402,7 @@ class WarmKernel final : public c10::OperatorKernel {
         skip_dtype_(std::move(skip_dtype)), align64_(align64), form_(form),
         fn_args_(std::move(fn_args)), left_(left), batched_(batched),
         dispatch_(events::counter("dispatch", op_name)),
+        cpu_fallback_(events::counter("cpu_fallback", op_name)),
         warm_hit_(events::counter("warm_hit", op_name)),
         program_(events::counter("device_program", op_name)) {}
 
@@ -398,13 +417,28 @@ class WarmKernel final : public c10::OperatorKernel {
       return;
     }
     std::vector<int64_t> out_sizes;
-    if (!lookup(key, out_sizes)) {
+    events::Counter* fallback = nullptr;
+    if (!lookup(key, out_sizes, fallback)) {
       python_path(op, stack, std::move(key));
       return;
     }
     if (mode_ != Mode::Functional && args[out_arg_].toTensor().sizes() != out_sizes) {
       python_path(op, stack, {});   // the out= tensor is resized (and warned about)
       return;
+    }
+    if (fallback == nullptr && !(call.device_rules && call.aligned)) {
+      python_path(op, stack, {});  // a program for a key the rules send to the host: never cached
+      return;
+    }
+    if (fallback != nullptr) {
+      if (events::tap::on.load(std::memory_order_relaxed)) {
+        python_path(op, stack, {});  // a profile's trace names the host run (record_function)
+        return;
+      }
+      if (!call.device_rules) {  // the dtype rule failed: the Python path scans nothing either
+        replay_fallback(schema, stack, n, call, fallback);
+        return;
+      }
     }
     // the NaN/Inf scan; a non-finite operand is the Python path's to report (redoing the scan
     // there records nothing new: the data is host-readable now, finite storages are marked)
@@ -419,6 +453,10 @@ class WarmKernel final : public c10::OperatorKernel {
           return;
         }
       }
+    }
+    if (fallback != nullptr) {
+      replay_fallback(schema, stack, n, call, fallback);
+      return;
     }
     events::record(dispatch_);
     events::record(warm_hit_);
@@ -447,7 +485,7 @@ class WarmKernel final : public c10::OperatorKernel {
     // the operands (rules.classify): rbln tensors, wrapped scalars
     std::optional<c10::DeviceIndex> index;
     std::optional<c10::ScalarType> d0;
-    bool scalar_only = true;
+    bool scalar_only = true, dtype_ok = true, unaligned = false;
     for (int i : slots_) {
       if (i >= static_cast<int>(args.size()) || !args[i].isTensor()) {
         continue;
@@ -469,7 +507,7 @@ class WarmKernel final : public c10::OperatorKernel {
         if (t.dim() != 0) {
           scalar_only = false;
           if (align64_ && t.size(-1) % 64 != 0 && !contains(strict_dtypes, t.scalar_type())) {
-            return false;
+            unaligned = true;  // a CPU fallback the key decides (its entry says so)
           }
         }
         if (t.storage_offset() != 0 && t.is_contiguous()) {
@@ -490,10 +528,10 @@ class WarmKernel final : public c10::OperatorKernel {
         if (!d0) {
           d0 = t.scalar_type();
           if (!contains(dispatch_dtypes, *d0)) {
-            return false;
+            dtype_ok = false;  // the dtype rule fails: a CPU fallback the key decides
           }
         } else if (t.scalar_type() != *d0) {
-          return false;
+          dtype_ok = false;
         }
       }
     }
@@ -503,6 +541,8 @@ class WarmKernel final : public c10::OperatorKernel {
     call.index = *index;
     call.dtype = d0.value_or(at::kHalf);
     call.deploy = dep;
+    call.device_rules = dtype_ok;
+    call.aligned = !unaligned;
     // Python floats among the positional arguments (the NaN/Inf rule), and the key
     std::vector<const c10::TensorImpl*> seen;
     key.reserve(48);
@@ -540,7 +580,8 @@ class WarmKernel final : public c10::OperatorKernel {
     return true;
   }
 
-  bool lookup(const std::vector<int64_t>& key, std::vector<int64_t>& out_sizes) {
+  bool lookup(const std::vector<int64_t>& key, std::vector<int64_t>& out_sizes,
+              events::Counter*& fallback) {
     const int64_t gen = generation.load(std::memory_order_acquire);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = cache_.find(hash_key(key));
@@ -553,22 +594,24 @@ class WarmKernel final : public c10::OperatorKernel {
           return false;
         }
         out_sizes = p.out_sizes;
+        fallback = p.fallback;
         return true;
       }
     }
     return false;
   }
 
-  void remember(std::vector<int64_t> key, std::vector<int64_t> out_sizes, int64_t gen) {
+  void remember(std::vector<int64_t> key, std::vector<int64_t> out_sizes, int64_t gen,
+                events::Counter* fallback) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& bucket = cache_[hash_key(key)];
     for (auto& p : bucket) {
       if (p.key == key) {
-        p = Program{std::move(key), gen, std::move(out_sizes)};
+        p = Program{std::move(key), gen, std::move(out_sizes), fallback};
         return;
       }
     }
-    bucket.push_back(Program{std::move(key), gen, std::move(out_sizes)});
+    bucket.push_back(Program{std::move(key), gen, std::move(out_sizes), fallback});
   }
 
   // The Python kernel (the reference) on PrivateUse2; a call that ran a device program there
@@ -592,8 +635,69 @@ class WarmKernel final : public c10::OperatorKernel {
     }
     pending = outer;
     if (ticket.ran) {
-      remember(std::move(key), out ? out->sizes().vec() : std::vector<int64_t>{}, gen);
+      remember(std::move(key), out ? out->sizes().vec() : std::vector<int64_t>{}, gen, nullptr);
+    } else if (!ticket.fallback.empty()) {
+      remember(std::move(key), out ? out->sizes().vec() : std::vector<int64_t>{}, gen,
+               events::counter("cpu_fallback_reason", ticket.fallback));
     }
+  }
+
+  // A CPU fallback the Python path decided for this key, replayed (device_op._fallback's plain
+  // host form): the functional op on the operands' host views, the result over a host view
+  void replay_fallback(const c10::FunctionSchema& schema, torch::jit::Stack* stack, size_t n,
+                       const Call& call, events::Counter* reason) {
+    events::record(dispatch_);
+    events::record(reason);
+    replayed.fetch_add(1, std::memory_order_relaxed);
+    const auto t0 = std::chrono::steady_clock::now();
+    struct Done {  // `cpu_fallback` with its duration, recorded however the run ends
+      events::Counter* c;
+      std::chrono::steady_clock::time_point t0;
+      ~Done() {
+        events::record(c, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now() - t0).count());
+      }
+    } done{cpu_fallback_, t0};
+    auto args = torch::jit::pop(*stack, n);
+    std::vector<at::Tensor> inputs(n);  // host views of the positional rbln arguments
+    for (size_t i = 0; i < n; ++i) {
+      const auto& v = args[i];
+      if (v.isTensor() && !schema.arguments()[i].kwarg_only()) {
+        const auto& t = v.toTensor();
+        if (t.defined() && t.is_privateuseone()) {
+          StorageState* s = state_of(t);
+          s->host_read();
+          inputs[i] = s->host_alias(t);
+        }
+      }
+    }
+    torch::jit::Stack fn_stack;
+    fn_stack.reserve(fn_args_.size());
+    const auto& fn_schema = fn_.schema();
+    for (size_t j = 0; j < fn_args_.size(); ++j) {
+      const int src = fn_args_[j];
+      if (src < 0) {
+        fn_stack.push_back(*fn_schema.arguments()[j].default_value());
+      } else if (inputs[src].defined()) {
+        fn_stack.emplace_back(inputs[src]);
+      } else {
+        fn_stack.push_back(args[src]);
+      }
+    }
+    fn_.callBoxed(fn_stack);
+    at::Tensor result = fn_stack.back().toTensor();
+    if (mode_ == Mode::Functional) {  // results.wrap_result
+      if (!spans_own_storage(result)) {
+        result = result.clone(at::MemoryFormat::Contiguous);
+      }
+      stack->emplace_back(wrap_host(result, call.index));
+      return;
+    }
+    const at::Tensor& out = args[out_arg_].toTensor();  // results.deliver_host (same shape)
+    StorageState* s = state_of(out);
+    s->host_write(spans(out, s->nbytes));
+    s->host_alias(out).copy_(result);
+    stack->emplace_back(out);
   }
 
   // the device program on device aliases, and its result delivered (device_op.kernel)
@@ -702,6 +806,7 @@ class WarmKernel final : public c10::OperatorKernel {
   int left_;                  // a matmul's left operand among fn's arguments
   bool batched_;              // ... and its first dimension is the batch (bmm)
   events::Counter* dispatch_;
+  events::Counter* cpu_fallback_;
   events::Counter* warm_hit_;
   events::Counter* program_;
   std::mutex mutex_;
@@ -730,6 +835,18 @@ c10::OperatorHandle find_op(const std::string& name) {
 }
 
 }  // namespace
+
+bool warm_path_on() {
+  return enabled.load(std::memory_order_relaxed);
+}
+
+bool spans_whole_storage(const at::Tensor& t) {
+  return spans_own_storage(t);
+}
+
+bool spans_bytes(const at::Tensor& t, int64_t nbytes) {
+  return spans(t, nbytes);
+}
 
 void bind_warm_path(py::module_& m) {
   m.def("warm_register",
@@ -799,6 +916,15 @@ void bind_warm_path(py::module_& m) {
         "Calls the warm path ran itself since the process started.");
   m.def("has_nonfinite", &has_nonfinite,
         "The NaN/Inf scan of an rbln tensor (rules.has_nonfinite; marks a finite storage).");
+  m.def("warm_path_replayed", []() { return replayed.load(); },
+        "CPU fallbacks the warm path replayed since the process started.");
+  m.def("fallback_decided", [](const std::string& reason) {
+    if (pending != nullptr) {
+      pending->fallback = reason;
+      pending = nullptr;
+    }
+  }, "The Python path sends this thread's pending call to the host for `reason` in the plain "
+     "host form, a decision its key determines: the warm path may replay it.");
   m.def("enter_program", []() {
     if (pending != nullptr) {
       pending->ran = true;

@@ -153,6 +153,18 @@ def local_scalar_dense(self: torch.Tensor):
 # ``dst`` as written) and the write would be lost.
 MATH_BIT_PASSTHROUGH = ("_copy_from", "_copy_from_and_resize")
 
+# served natively between two rbln tensors (csrc/DataMovement.cpp: the `_d2d` rows of the copy
+# table, no listener); the kernel here takes every other call, on PrivateUse2
+NATIVE = ("_copy_from",)
+
+
+def register_native() -> set:
+    """Put the native kernel in front of :data:`NATIVE`; returns the names whose Python kernel
+    the caller registers on PrivateUse2."""
+    _C.register_native_copy()
+    return set(NATIVE)
+
+
 KERNELS = {
     "_copy_from": copy_from,
     "_copy_from_and_resize": copy_from_and_resize,

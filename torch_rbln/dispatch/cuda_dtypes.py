@@ -157,26 +157,34 @@ def run(op, args, kwargs):
     """``op(*args, **kwargs)`` on host tensors, in a dtype the CPU kernel has (``op``: an aten
     overload, or a host kernel of the device op table, which runs unchanged)."""
     rule = _rule(op)
-    if rule is not None:
-        dtypes, compute = rule
-        if _first(args, dtypes) is not None or _first(tuple(kwargs.values()), dtypes) is not None:
-            return compute(op, args, kwargs)
+    if rule is not None and _applies(rule, args, kwargs):
+        return rule[1](op, args, kwargs)
     return op(*args, **kwargs)
+
+
+def _applies(rule, args, kwargs) -> bool:
+    """An operand of ``args`` / ``kwargs`` has one of the rule's dtypes."""
+    return (_first(args, rule[0]) is not None
+            or _first(tuple(kwargs.values()), rule[0]) is not None)
 
 
 def changes(op, args, kwargs) -> bool:
     """Whether :func:`run` computes ``op`` on these arguments (tensors or traced values) other
     than as ``op(*args, **kwargs)``."""
     rule = _rule(op)
-    if rule is None:
+    if rule is None or not _applies(rule, args, kwargs):
         return False
-    dtypes, compute = rule
-    if _first(args, dtypes) is None and _first(tuple(kwargs.values()), dtypes) is None:
-        return False
-    if compute is _widened_if_complex:
+    if rule[1] is _widened_if_complex:
         vals = (*args, *kwargs.values())
         return _first(vals, (_C32,)) is not None or any(isinstance(v, complex) for v in vals)
     return True
+
+
+def unchanged(op, args, kwargs) -> bool:
+    """:func:`run` is ``op(*args, **kwargs)`` for these arguments: no entry widens or redefines
+    it (the native warm path may then replay the call as the plain op)."""
+    rule = _rule(op)
+    return rule is None or not _applies(rule, args, kwargs)
 
 
 def host_kernel(op):

@@ -232,6 +232,19 @@ def zero_(self):
     return _fill(self, 0)
 
 
+# served natively in their common case (csrc/DataMovement.cpp: every source an rbln tensor of
+# one device and dtype, no listener); their kernels here take every other call, on PrivateUse2
+NATIVE = ("cat",)
+
+
+def register_native() -> set:
+    """Put the native kernels in front of :data:`NATIVE`; returns the names whose Python kernel
+    the caller registers on PrivateUse2."""
+    from .. import _C
+    _C.register_native_cat()
+    return set(NATIVE)
+
+
 KERNELS = {
     "cat.out": cat_out,
     "cat": cat,

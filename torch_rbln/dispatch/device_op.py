@@ -33,6 +33,15 @@ _Tensor = torch.Tensor
 _lookup = compiler._cache.get
 _enter_program = _C.enter_program
 _leave_program = _C.leave_program
+_fallback_decided = _C.fallback_decided
+
+# Fallback reasons that follow from the native warm path's key alone, once that path has found
+# no trace, dispatch mode, listener, profiler, rule skipping, reentrancy, storage offset or
+# NaN/Inf operand (its own scan, the rule before the alignment rule): the dtype rule and the
+# 64-alignment rule. A call sent to the host for one of them in the plain host form (the
+# functional op on the host views) tells the warm path, which replays the decision for the
+# next call with that key (same events, same result). docs/eager.md ("Eager execution").
+REPLAYED = frozenset({"dtype-not-fp16", "last-dim-not-64-aligned"})
 
 
 def _sig(v, ids: dict):
@@ -92,13 +101,19 @@ def make_kernel(entry: OpEntry, registered_name: str):
             # a functional call needs no out= semantics: the op itself on the host views
             # (what the boxed fallback would run, without its generic argument walk)
             if fast or (out is None and not fallback.number_in_tensor_slot(registered, args)):
-                res = results.deliver_host(cuda_dtypes.run(body, _host_args(args), kwargs),
-                                           out, index)
+                host_args = _host_args(args)
+                if (reason in REPLAYED and custom is None
+                        and cuda_dtypes.unchanged(body, host_args, kwargs)):
+                    _fallback_decided(reason)
+                res = results.deliver_host(cuda_dtypes.run(body, host_args, kwargs), out, index)
             else:
                 full = dict(kwargs)
                 if out is not None and mode == "out":
                     full[out_name] = out
                 res = fallback.run_on_cpu(registered, args, full)
+                if (out is None and reason in REPLAYED
+                        and fallback.plain_functional(registered, args, kwargs, res)):
+                    _fallback_decided(reason)   # a Python number in a tensor slot, as above
         finally:
             _record("cpu_fallback", op_name, _perf_ns() - t0)
         return res

@@ -74,13 +74,23 @@ def _to_cpu(x, ctx: _Ctx):
     return x
 
 
+_WRITTEN: dict = {}
+
+
+def _written_args(op: torch._ops.OpOverload) -> tuple:
+    """(position, name, kwarg-only) of each argument ``op``'s schema marks as written."""
+    w = _WRITTEN.get(op)
+    if w is None:
+        w = _WRITTEN[op] = tuple((i, a.name, a.kwarg_only)
+                                 for i, a in enumerate(op._schema.arguments)
+                                 if a.alias_info is not None and a.alias_info.is_write)
+    return w
+
+
 def _mark_written(op: torch._ops.OpOverload, args, kwargs, ctx: _Ctx) -> None:
     """Arguments the schema marks as written: their host view now holds the latest data."""
-    schema = op._schema
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        v = kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
+    for i, name, kwarg_only in _written_args(op):
+        v = kwargs.get(name) if kwarg_only or i >= len(args) else args[i]
         if v is None:
             continue
         for t in (v if isinstance(v, (list, tuple)) else (v,)):
@@ -276,6 +286,19 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     if op._schema.is_mutable:
         _mark_written(op, args, kwargs, ctx)
     return _to_rbln(layouts.checked(out, op.name()), ctx)
+
+
+def plain_functional(op: torch._ops.OpOverload, args, kwargs, result) -> bool:
+    """:func:`run_on_cpu` gave ``result`` as the op itself gives it on the host views of
+    ``args``: nothing written, no generator, no host twin, no widening, a fresh result tensor
+    (the native warm path may then replay the call as the plain op)."""
+    if (op._schema.is_mutable or op.name() in _HOST_TWIN or _generator_slot(op) is not None
+            or _draws_from_cpu_default(op) or not isinstance(result, torch.Tensor)
+            or not cuda_dtypes.unchanged(op.overloadpacket, args, kwargs)):
+        return False
+    ptr = result.untyped_storage().data_ptr()
+    return not any(isinstance(a, torch.Tensor) and a.device.type == "rbln"
+                   and a.untyped_storage().data_ptr() == ptr for a in args)
 
 
 _TENSOR_SLOTS: dict = {}

@@ -1,15 +1,14 @@
 """Metadata-only ops: they touch sizes, strides and storage, never data.
 
 They run PyTorch's own CPU kernel on the rbln tensor itself (redispatch below PrivateUse1), so
-the result shares the rbln storage and keeps ``device == rbln``. No transfer, no event.
+the result shares the rbln storage and keeps ``device == rbln``. No transfer, no event, no
+decision: the kernel is the native core's (``csrc/Views.cpp``), a view costs what it costs on
+the CPU plus one redispatch.
 """
 
 from __future__ import annotations
 
-import torch
-
-from ..runtime.storage import CPU_KEYSET
-from .optable import overload
+from .. import _C
 
 # overloads whose CPU kernel only rewrites metadata
 VIEW_OPS = (
@@ -28,15 +27,6 @@ VIEW_OPS = (
 )
 
 
-def _redispatch(op: torch._ops.OpOverload):
-    handle = op._handle
-
-    def kernel(*args, **kwargs):
-        return handle.redispatch_boxed(CPU_KEYSET, *args, **kwargs)
-
-    kernel.__name__ = f"rbln_view_{op.__name__}"
-    return kernel
-
-
-def kernels() -> dict:
-    return {name: _redispatch(overload(name)) for name in VIEW_OPS}
+def register() -> None:
+    """Register :data:`VIEW_OPS` on PrivateUse1 (the native redispatch kernel)."""
+    _C.register_views(list(VIEW_OPS))

@@ -1,0 +1,202 @@
+"""The native warm path's replay of a warm CPU fallback (csrc/WarmPath.cpp) against the Python
+kernel that decided it (dispatch/device_op.py).
+
+A call the Python path sends to the host for a reason its key decides (``device_op.REPLAYED``)
+is replayed natively the next time: the same events and amounts (but the timed
+``cpu_fallback``), the same result, the same residency. Whatever could change the decision or
+needs Python takes the Python path again: a guard scope, the fallback log's listener, the
+profiler, a rule skipped by ``TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK``, a NaN operand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_rbln import _C, events
+from torch_rbln.runtime.storage import state_of
+
+D = "rbln"
+H = torch.float16
+TIMED = {"cpu_fallback", "recompile", "runtime"}     # amounts in ns: differ run to run
+
+
+@contextlib.contextmanager
+def warm_path(on: bool):
+    before = _C.warm_path_enabled()
+    _C.set_warm_path(on)
+    try:
+        yield
+    finally:
+        _C.set_warm_path(before)
+
+
+def _delta(before, after) -> dict:
+    out = {}
+    for kind, table in after.items():
+        for key, (n, amount) in table.items():
+            n0, a0 = before[kind].get(key, [0, 0])
+            if n != n0:
+                out[(kind, key)] = (n - n0, None if kind in TIMED else amount - a0)
+    return out
+
+
+def _calls():
+    """(name, fn(x32, x16u) -> rbln tensor): host runs for the dtype rule and the alignment
+    rule, functional, out= and in-place, with host-latest and device-latest operands."""
+    def out_mul(x, u):
+        out = torch.empty(4, 64, device=D)
+        torch.mul(x, x, out=out)
+        return out
+
+    def inplace(x, u):
+        t = x.clone()
+        t.mul_(2)
+        return t
+
+    return [
+        ("fp32 mul", lambda x, u: x * x),
+        ("fp32 mean", lambda x, u: x.mean(-1, keepdim=True)),
+        ("fp32 pow", lambda x, u: x.pow(2)),
+        ("fp32 rsqrt", lambda x, u: (x.abs() + 1).rsqrt()),
+        ("fp32 add scalar", lambda x, u: x + 1.5),
+        ("fp32 out=", out_mul),
+        ("fp32 in-place", inplace),
+        ("unaligned fp16 neg", lambda x, u: -u),
+        ("unaligned fp16 silu", lambda x, u: F.silu(u)),
+        ("unaligned, device-latest operand", lambda x, u: (u * 2) + u),
+    ]
+
+
+def _run(on: bool):
+    torch.manual_seed(0)
+    x = torch.randn(4, 64).to(D)
+    u = torch.randn(4, 48).to(H).to(D)
+    results = []
+    before = events.snapshot()
+    with warm_path(on):
+        for _ in range(3):                        # the first call decides, the next replay
+            for name, fn in _calls():
+                r = fn(x, u)
+                results.append((name, r.cpu(), state_of(r).residency))
+    return results, _delta(before, events.snapshot())
+
+
+def test_a_replayed_fallback_matches_the_python_path():
+    replayed = _C.warm_path_replayed()
+    warm = _run(True)
+    took = _C.warm_path_replayed() - replayed
+    python = _run(False)
+    assert _C.warm_path_replayed() - replayed == took      # forced off: nothing replayed
+    assert took >= 2 * len(_calls())                       # every call after the first
+    assert warm[1] == python[1]                            # every event, count and byte
+    for (name, a, ra), (_, b, rb) in zip(warm[0], python[0]):
+        assert torch.equal(a, b), name
+        assert ra == rb, name
+    reasons = {key for kind, key in warm[1] if kind == "cpu_fallback_reason"}
+    assert reasons == {"dtype-not-fp16", "last-dim-not-64-aligned"}
+
+
+def test_replayed_results_match_the_cpu():
+    x = torch.randn(4, 64)
+    u = torch.randn(4, 48).to(H)
+    xr, ur = x.to(D), u.to(D)
+    for _ in range(3):
+        for name, fn in _calls():
+            r = fn(xr, ur)
+            if name.startswith("fp32 out=") or name == "fp32 in-place":
+                ref = x * x if "out" in name else x * 2
+            else:
+                ref = fn(x, u) if "device-latest" not in name else (u * 2) + u
+            assert torch.equal(r.cpu(), ref), name
+
+
+def _warmed():
+    """An fp32 op whose host run is already cached by the warm path."""
+    x = torch.randn(4, 64).to(D)
+    x * x
+    n = _C.warm_path_replayed()
+    x * x
+    assert _C.warm_path_replayed() == n + 1
+    return x
+
+
+def test_a_guard_scope_takes_the_python_path():
+    x = _warmed()
+    n = _C.warm_path_replayed()
+    with pytest.raises(torch.rbln.GuardError, match="dtype-not-fp16"):
+        with torch.rbln.guard(fallback="disallow"):
+            x * x
+    assert _C.warm_path_replayed() == n
+
+
+def test_a_listener_sees_every_event_of_a_cached_fallback():
+    x = _warmed()
+    seen = []
+    events.listen(lambda *e: seen.append(e[:2]))
+    try:
+        n = _C.warm_path_replayed()
+        x * x
+        assert _C.warm_path_replayed() == n
+    finally:
+        events._set_listeners(())
+    assert ("cpu_fallback_reason", "dtype-not-fp16") in seen
+    assert ("cpu_fallback", "aten::mul.out") in seen
+
+
+def test_a_skipped_rule_takes_the_python_path(monkeypatch):
+    """With the dtype rule skipped the Python path runs the op on the device instead."""
+    x = _warmed()
+    monkeypatch.setenv("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK", "dtype")
+    n = _C.warm_path_replayed()
+    before = events.snapshot()
+    with pytest.warns(UserWarning) if not _dev_warned() else contextlib.nullcontext():
+        r = x * x
+    d = _delta(before, events.snapshot())
+    assert _C.warm_path_replayed() == n
+    assert ("cpu_fallback", "aten::mul.out") not in d
+    assert ("device_program", "aten::mul.out") in d
+    assert torch.equal(r.cpu(), x.cpu() * x.cpu())
+    # the rule back on: the program compiled meanwhile never serves this key, the host run does
+    monkeypatch.delenv("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK")
+    for _ in range(2):
+        before = events.snapshot()
+        x * x
+        d = _delta(before, events.snapshot())
+        assert d[("cpu_fallback_reason", "dtype-not-fp16")][0] == 1
+        assert ("device_program", "aten::mul.out") not in d
+
+
+def _dev_warned() -> bool:
+    from torch_rbln.dispatch import checks
+    return checks._warned_dev
+
+
+def test_a_nan_operand_is_reported_by_the_python_path():
+    """The alignment rule comes after the NaN/Inf scan: a NaN operand changes the reason."""
+    u = torch.randn(4, 48).to(H).to(D)
+    -u
+    -u                                               # replayed
+    bad = u.clone()
+    bad[0, 0] = float("nan")
+    n = _C.warm_path_replayed()
+    before = events.snapshot()
+    r = -bad
+    d = _delta(before, events.snapshot())
+    assert _C.warm_path_replayed() == n
+    assert ("cpu_fallback_reason", "nan/inf input") in d
+    assert ("cpu_fallback_reason", "last-dim-not-64-aligned") not in d
+    assert torch.equal(r.cpu().isnan(), (-bad.cpu()).isnan())
+
+
+def test_the_profiler_sees_the_host_run_named():
+    x = _warmed()
+    n = _C.warm_path_replayed()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.PrivateUse1]
+    with torch.profiler.profile(activities=acts) as p:
+        x * x
+    assert _C.warm_path_replayed() == n
+    assert any(e.name == "rbln::cpu_fallback(dtype-not-fp16)" for e in p.events())
