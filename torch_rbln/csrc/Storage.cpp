@@ -148,6 +148,9 @@ events::Counter* d2h_counter() {
 
 void copy_bytes(void* dst, const void* src, int64_t n) {
   constexpr int64_t kGrain = int64_t(1) << 20;
+  if (dst == src) {  // one memory for both sides
+    return;
+  }
   if (n <= 4 * kGrain) {
     if (n > 0) {
       std::memcpy(dst, src, n);
@@ -165,6 +168,17 @@ c10::Storage cpu_storage_over(void* data, int64_t nbytes) {
   return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
                       c10::DataPtr(data, c10::Device(c10::kCPU)), /*allocator=*/nullptr,
                       /*resizable=*/false);
+}
+
+// A CPU storage over `st`'s memory that keeps `st` alive: an alias made over a block's memory
+// stays valid when the storage's host view replaces that memory (StorageState::share_host_view)
+c10::Storage cpu_storage_holding(const c10::Storage& st) {
+  auto* held = new c10::Storage(st);
+  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(st.nbytes()),
+                      c10::DataPtr(st.mutable_data(), held,
+                                   [](void* p) { delete static_cast<c10::Storage*>(p); },
+                                   c10::Device(c10::kCPU)),
+                      /*allocator=*/nullptr, /*resizable=*/false);
 }
 
 // A CPU tensor over `storage`. Always a normal tensor, even under inference mode: aliases may be
@@ -321,6 +335,10 @@ void StorageState::wait_pending() {
 
 const c10::Storage& StorageState::host_cpu_storage() {
   catch_up_host();
+  return host_storage();
+}
+
+const c10::Storage& StorageState::host_storage() {
   if (!host_cpu_) {
     host_cpu_ = cpu_storage_over(host, host_capacity);
   }
@@ -329,16 +347,33 @@ const c10::Storage& StorageState::host_cpu_storage() {
 
 const c10::Storage& StorageState::device_cpu_storage() {
   if (!device_cpu_) {
-    const auto& st = block->memory.storage();
-    device_cpu_ = cpu_storage_over(st.mutable_data(), static_cast<int64_t>(st.nbytes()));
+    device_cpu_ = cpu_storage_holding(block->memory.storage());
   }
   return device_cpu_;
 }
 
 void StorageState::device_memory_changed() {
-  inputs_.clear();
+  device_memory_moved();
   widened_.clear();
+}
+
+void StorageState::device_memory_moved() {
+  inputs_.clear();
   device_cpu_ = c10::Storage();
+}
+
+void StorageState::share_host_view() {
+  if (!block) {
+    block = claim(index).malloc(nbytes, /*with_memory=*/false);
+  }
+  if (!block->lent) {
+    claim(index).lend(*block, tensor_over(host_storage(), at::kByte, {nbytes}, {1}, 0));
+    device_memory_moved();  // the same bytes elsewhere: the widened forms stay
+  }
+}
+
+bool StorageState::shares_host_view() const {
+  return block.has_value() && block->lent;
 }
 
 void StorageState::contents_changed() {
@@ -352,25 +387,27 @@ void StorageState::contents_changed() {
 
 void StorageState::ensure_device_memory() {
   settle();
-  if (!block) {
-    block = claim(index).malloc(nbytes, /*with_memory=*/true);
-    device_memory_changed();
-  } else if (!block->memory.defined()) {
-    block->memory = at::detail::empty_cpu({block->size}, at::kByte);
-    device_memory_changed();
+  if (!block || !block->memory.defined()) {
+    share_host_view();  // booked now; the host view serves as its memory
   }
 }
 
+// h2d: the device's bytes become the host view's. Device memory of its own (a program's output
+// the host has overwritten since) is let go: the host view serves as the device memory.
 void StorageState::push() {
-  ensure_device_memory();
   const int64_t t0 = events::span_start();
-  copy_bytes(memory_data(block->memory), host, nbytes);
+  share_host_view();
   events::record_copy(h2d_counter(), nbytes, index, t0);
 }
 
+// d2h: the host view takes the device's bytes, then serves as the device memory (the program
+// output that held them is let go)
 void StorageState::pull() {
   const int64_t t0 = events::span_start();
-  copy_bytes(host, memory_data(block->memory), nbytes);
+  if (!block->lent) {
+    copy_bytes(host, memory_data(block->memory), nbytes);
+    share_host_view();
+  }
   events::record_copy(d2h_counter(), nbytes, index, t0);
 }
 
@@ -378,6 +415,7 @@ void StorageState::catch_up_host() {
   if (host_behind_) {
     host_behind_ = false;
     copy_bytes(host, memory_data(block->memory), nbytes);
+    share_host_view();
   }
 }
 
@@ -386,7 +424,7 @@ bool StorageState::host_read_deferred() {
   if (residency == Residency::Device) {
     events::record_copy(d2h_counter(), nbytes, index, 0);  // the bytes move later, in place
     residency = Residency::Synced;
-    host_behind_ = true;
+    host_behind_ = !shares_host_view();  // one memory: nothing to move
   }
   return host_behind_;
 }
@@ -440,7 +478,11 @@ void StorageState::adopt_device(at::Tensor memory) {
   if (!block) {
     block = claim(index).malloc(nbytes, /*with_memory=*/false);
   }
-  block->memory = std::move(memory);
+  if (block->lent) {
+    claim(index).take_own(*block, std::move(memory));  // the host view keeps its bytes
+  } else {
+    block->memory = std::move(memory);
+  }
   device_memory_changed();
   host_behind_ = false;
   residency = Residency::Device;

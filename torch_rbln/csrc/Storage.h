@@ -4,7 +4,13 @@
 //   host       the storage's own memory (its data pointer, the "virtual address" PyTorch sees),
 //              from a size-bucketed host pool;
 //   block      the device memory, a Block of the device's arena, booked at the first device use
-//              (or at creation with TORCH_RBLN_EAGER_MALLOC=1);
+//              (or at creation with TORCH_RBLN_EAGER_MALLOC=1). Its RAM is the host view itself
+//              (lent to the block: one physical copy, whichever side is latest) except while a
+//              program's output is the device memory (adopt_device, new_device_tensor), until
+//              the next transfer: the d2h copies into the host view, the h2d drops the output,
+//              and from then on the host view serves again. Only physical memory differs from
+//              two copies: every transfer, transition and statistic is recorded as before;
+//              where the host view serves, a transfer moves no bytes;
 //   residency  which side holds the latest data: Host, Device or Synced (both);
 //   pending    queued work (a non_blocking copy on a stream's worker) that writes the memory:
 //              every transition, alias and the deleter wait for it first, so nothing reads or
@@ -73,9 +79,11 @@ struct StorageState {
   // recorded and the state becomes Synced as host_read makes it, but the copy waits until the
   // host view is read (host_read, host_write, any host_* view). True: read the device side.
   bool host_read_deferred();
-  // books the device block (with its memory) if the storage has none yet
+  // books the device block (the host view lent as its memory) if the storage has none yet
   void ensure_device_memory();
   bool has_device_memory() const { return block.has_value() && block->memory.defined(); }
+  // the device block's memory is the host view (no second physical copy)
+  bool shares_host_view() const;
 
   // CPU tensors over either side, with `t`'s dtype, sizes, strides, offset and lazy
   // conjugate / negative bits; no residency change
@@ -104,14 +112,20 @@ struct StorageState {
   void push();
   void pull();
   const c10::Storage& host_cpu_storage();
+  const c10::Storage& host_storage();  // host_cpu_storage without catching the host up
   const c10::Storage& device_cpu_storage();
-  void device_memory_changed();
+  // books the block if needed and lends it the host view, which holds the device's bytes
+  void share_host_view();
+  void device_memory_changed();  // new device memory and contents
+  void device_memory_moved();    // the same bytes in other memory: the aliases are stale
   void contents_changed();  // every write: the scan's mark and the widened forms are stale
   void wait_pending();
   void catch_up_host();
 
-  c10::Storage host_cpu_;    // CPU storages over each side (non-owning, not resizable), made
-  c10::Storage device_cpu_;  // on first use
+  // CPU storages over each side (not resizable), made on first use: the host view's does not
+  // own it; the device memory's keeps that memory alive (an alias outlives its replacement)
+  c10::Storage host_cpu_;
+  c10::Storage device_cpu_;
   struct CachedInput {
     c10::ScalarType dtype;
     std::vector<int64_t> sizes, strides;

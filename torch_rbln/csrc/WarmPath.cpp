@@ -655,8 +655,11 @@ class WarmKernel final : public c10::OperatorKernel {
       result = result.to(call.dtype);
     }
     for (const auto& a : inputs) {
-      if (a.defined() && result.unsafeGetTensorImpl() == a.unsafeGetTensorImpl()) {
-        result = result.clone();  // an operand's device memory: the output needs its own
+      // an operand's device memory (or a view of it, which may be its storage's host view):
+      // the output needs its own
+      if (a.defined() && (result.unsafeGetTensorImpl() == a.unsafeGetTensorImpl() ||
+                          result.storage().data() == a.storage().data())) {
+        result = result.clone();
         break;
       }
     }

@@ -7,7 +7,9 @@ module is its Python face. ``state_of(t)`` gives the :class:`StorageState` of ``
 * ``host``  the storage's own memory (its data pointer, the "virtual address" PyTorch sees),
   from a size-bucketed host pool;
 * the device block, a block of the device's arena, booked at the first device use (or at
-  creation with ``TORCH_RBLN_EAGER_MALLOC=1``);
+  creation with ``TORCH_RBLN_EAGER_MALLOC=1``). Its memory is the host view itself
+  (``shares_host_view``: one physical copy) except while a program's output is the device
+  memory, until the next transfer; transfers and statistics are recorded as for two copies;
 * ``residency``: which side holds the latest data, ``HOST``, ``DEVICE`` or ``SYNCED`` (both);
 * ``finite_dtype``: the dtype as which the NaN/Inf scan found the whole storage finite (cleared
   by every write), so unchanged weights are scanned once;
