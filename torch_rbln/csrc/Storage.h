@@ -10,7 +10,11 @@
 //              the next transfer: the d2h copies into the host view, the h2d drops the output,
 //              and from then on the host view serves again. Only physical memory differs from
 //              two copies: every transfer, transition and statistic is recorded as before;
-//              where the host view serves, a transfer moves no bytes;
+//              where the host view serves, a transfer moves no bytes. Writes on either side
+//              land in that one memory: the side the residency calls stale is never read
+//              before a transition, which records the transfer. The deleter frees the block
+//              (dropping the lent view; the arena never caches it) before the host view goes
+//              back to the pool;
 //   residency  which side holds the latest data: Host, Device or Synced (both);
 //   pending    queued work (a non_blocking copy on a stream's worker) that writes the memory:
 //              every transition, alias and the deleter wait for it first, so nothing reads or
