@@ -137,6 +137,10 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("shares_host_view",
                              [](const StateHandle& h) { return h.state->shares_host_view(); },
                              "The device block's memory is the host view: one physical copy.")
+      .def_property_readonly("host_released",
+                             [](const StateHandle& h) { return h.state->host_released(); },
+                             "Bytes of the host view's pages released while the kept fp32 form "
+                             "stands for them (narrowed back before any read).")
       .def_property_readonly("adopted", [](const StateHandle& h) { return h.state->adopted; },
                              "Made outside the allocator: its memory became the host view.")
       .def("__eq__", [](const StateHandle& a, const StateHandle& b) { return a.state == b.state; })
@@ -207,6 +211,8 @@ void bind_runtime(py::module_& m) {
   m.def("arena_stats", [](int index) { return stats_dict(claim(index).stats()); });
   m.def("arena_capacity", [](int index) { return claim(index).capacity(); });
   m.def("arena_reserved", [](int index) { return claim(index).stats().reserved.current; });
+  m.def("released_host_bytes", &released_host_bytes,
+        "Bytes of host-view pages released now, over all storages (a diagnostic).");
   m.def("arena_held", [](int index) {
     const ArenaStats s = claim(index).stats();
     return s.reserved.current - s.borrowed;

@@ -6,6 +6,9 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -251,6 +254,37 @@ StorageState* adopt(const c10::Storage& storage) {
 bool (*eager_parser)(const char*) = nullptr;
 
 std::atomic<int64_t> live_states{0};
+std::atomic<int64_t> released_total{0};
+
+// the whole pages inside [p, p + n)
+std::pair<char*, int64_t> whole_pages(void* p, int64_t n) {
+  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto hi = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(n)) / page * page;
+  return {reinterpret_cast<char*>(lo), hi > lo ? static_cast<int64_t>(hi - lo) : 0};
+}
+
+bool contiguous_strides(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] != 1 && strides[i] != expected) {
+      return false;
+    }
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+// fp32 -> half-precision, as copy_ rounds (to nearest even); exact for values widened from
+// that dtype. Outside the dispatcher: no mode or listener sees it (it is no op of the program)
+template <typename T>
+void narrow_into(T* dst, const float* src, int64_t n) {
+  at::parallel_for(0, n, int64_t(1) << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      dst[i] = static_cast<T>(src[i]);
+    }
+  });
+}
 
 // torch.profiler(profile_memory=True) sees each rbln storage come and go, as CUDA's allocator
 // reports its blocks (the totals are the arena's); one thread-local check while none records
@@ -282,6 +316,8 @@ StorageState::~StorageState() {
   } catch (...) {
   }
   live_states.fetch_sub(1, std::memory_order_relaxed);
+  // released pages go back to the pool as they are (fresh memory's contents are unspecified)
+  released_total.fetch_sub(released_, std::memory_order_relaxed);
   try {
     report_to_profiler(host, -nbytes, index);
   } catch (...) {
@@ -334,6 +370,7 @@ void StorageState::wait_pending() {
 }
 
 const c10::Storage& StorageState::host_cpu_storage() {
+  restore_host();
   catch_up_host();
   return host_storage();
 }
@@ -346,6 +383,7 @@ const c10::Storage& StorageState::host_storage() {
 }
 
 const c10::Storage& StorageState::device_cpu_storage() {
+  restore_host();  // the device memory may be the host view
   if (!device_cpu_) {
     device_cpu_ = cpu_storage_holding(block->memory.storage());
   }
@@ -353,6 +391,7 @@ const c10::Storage& StorageState::device_cpu_storage() {
 }
 
 void StorageState::device_memory_changed() {
+  drop_released();  // a program's output replaces the contents (adopt_device)
   device_memory_moved();
   widened_.clear();
 }
@@ -376,13 +415,101 @@ bool StorageState::shares_host_view() const {
   return block.has_value() && block->lent;
 }
 
-void StorageState::contents_changed() {
+void StorageState::contents_changed(bool whole) {
+  if (whole) {
+    drop_released();
+  } else {
+    restore_host();  // the widened form that gives the bytes back is dropped below
+  }
+  restored_ = false;
   finite_dtype.reset();
   widened_.clear();
   // widened again and again before this write (a weight between optimizer steps): the next
   // contents are kept from their first widening
   reread_ = widen_reads_ >= 2;
   widen_reads_ = 0;
+}
+
+const StorageState::CachedInput* StorageState::whole_widened() const {
+  for (const auto& e : widened_) {
+    if (e.offset == 0 && e.alias.is_contiguous() &&
+        e.alias.numel() * static_cast<int64_t>(c10::elementSize(e.dtype)) == nbytes &&
+        contiguous_strides(e.sizes, e.strides)) {
+      return &e;
+    }
+  }
+  return nullptr;
+}
+
+// Any tensor or storage over the host view's memory (or over the device memory's CPU storage
+// made over it) that the state does not hold itself: a reader that would not pass restore_host.
+bool StorageState::aliased_outside() const {
+  if (!host_cpu_ || !block || !block->lent) {
+    return true;
+  }
+  int64_t own = 2;  // host_cpu_ and the lent block's memory
+  if (block->memory.use_count() != 1) {
+    return true;
+  }
+  if (device_cpu_) {
+    own += 1;  // device_cpu_ holds the block's memory's storage
+    if (device_cpu_.use_count() != 1 + static_cast<int64_t>(inputs_.size())) {
+      return true;
+    }
+    for (const auto& e : inputs_) {
+      if (e.alias.use_count() != 1) {
+        return true;
+      }
+    }
+  } else if (!inputs_.empty()) {
+    return true;
+  }
+  return host_cpu_.use_count() != own;
+}
+
+// Releases the host view's whole pages where a kept fp32 form covers the storage, the scan
+// found it finite as that form's dtype (no NaN: narrowing gives back the very bits), the host
+// view is the pool's memory (no other allocation shares its pages) and serves as the device
+// memory, and no alias of it is held outside the state. Once narrowed back, the bytes stay until
+// the next write: a weight other routes read too is not released again and again.
+void StorageState::try_release_host() {
+  if (released_ != 0 || restored_ || !pooled || adopted || static_cast<bool>(host_owner) ||
+      !shares_host_view() || static_cast<bool>(pending)) {
+    return;
+  }
+  const CachedInput* e = whole_widened();
+  if (e == nullptr || finite_dtype != e->dtype ||
+      (e->dtype != at::kHalf && e->dtype != at::kBFloat16) || aliased_outside()) {
+    return;
+  }
+  const auto [start, n] = whole_pages(host, host_capacity);
+  if (n == 0 || madvise(start, static_cast<size_t>(n), MADV_DONTNEED) != 0) {
+    return;
+  }
+  released_ = n;
+  released_total.fetch_add(n, std::memory_order_relaxed);
+}
+
+// narrows the whole widened form back into the host view (records nothing: no transfer)
+void StorageState::regenerate_host() {
+  const CachedInput* e = whole_widened();
+  TORCH_INTERNAL_ASSERT(e != nullptr, "released host bytes without their widened form");
+  const float* src = e->alias.const_data_ptr<float>();
+  const int64_t n = e->alias.numel();
+  if (e->dtype == at::kHalf) {
+    narrow_into(static_cast<c10::Half*>(host), src, n);
+  } else {
+    narrow_into(static_cast<c10::BFloat16*>(host), src, n);
+  }
+  drop_released();
+  restored_ = true;
+}
+
+void StorageState::drop_released() {
+  if (released_ != 0) {
+    released_total.fetch_sub(released_, std::memory_order_relaxed);
+    released_ = 0;
+  }
 }
 
 void StorageState::ensure_device_memory() {
@@ -431,6 +558,7 @@ bool StorageState::host_read_deferred() {
 
 void StorageState::host_read() {
   settle();
+  restore_host();  // raw readers of `host` follow (resize)
   catch_up_host();
   if (residency == Residency::Device) {
     pull();
@@ -440,7 +568,7 @@ void StorageState::host_read() {
 
 void StorageState::host_write(bool whole) {
   settle();
-  contents_changed();
+  contents_changed(whole);
   if (!whole) {
     catch_up_host();
   }
@@ -463,7 +591,7 @@ void StorageState::device_read() {
 
 void StorageState::device_write(bool whole) {
   settle();
-  contents_changed();
+  contents_changed(whole);
   host_behind_ = false;
   if (residency == Residency::Host && !whole) {
     push();
@@ -486,7 +614,7 @@ void StorageState::adopt_device(at::Tensor memory) {
   device_memory_changed();
   host_behind_ = false;
   residency = Residency::Device;
-  contents_changed();
+  contents_changed(/*whole=*/true);
 }
 
 at::Tensor StorageState::host_alias(const at::Tensor& t) {
@@ -501,6 +629,7 @@ at::Tensor StorageState::device_alias(const at::Tensor& t) {
 
 at::Tensor StorageState::device_input_alias(const at::Tensor& t) {
   settle();
+  restore_host();
   const at::Tensor& mem = block->memory;
   const auto dtype = t.scalar_type();
   const int64_t offset = t.storage_offset();
@@ -523,22 +652,26 @@ at::Tensor StorageState::device_input_alias(const at::Tensor& t) {
 }
 
 at::Tensor StorageState::device_input_widened(const at::Tensor& t) {
-  const at::Tensor a = device_input_alias(t);
+  settle();
   const auto dtype = t.scalar_type();
   const int64_t offset = t.storage_offset();
   const auto sizes = t.sizes();
   const auto strides = t.strides();
-  for (const auto& e : widened_) {
+  for (const auto& e : widened_) {  // the kept form: the half-precision bytes are not read
     if (e.dtype == dtype && e.offset == offset && sizes.equals(e.sizes) && strides.equals(e.strides)) {
-      return e.alias;
+      at::Tensor w = e.alias;
+      try_release_host();
+      return w;
     }
   }
-  at::Tensor w = a.to(at::kFloat);
+  at::Tensor w = device_input_alias(t).to(at::kFloat);
   if (++widen_reads_ >= 2 || reread_) {  // read again before any write: keep it
     if (widened_.size() >= kInputAliases) {
+      restore_host();  // the evicted form may be the one the released bytes come back from
       widened_.erase(widened_.begin());
     }
     widened_.push_back({dtype, sizes.vec(), strides.vec(), offset, w});
+    try_release_host();
   }
   return w;
 }
@@ -658,6 +791,10 @@ at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index) {
 
 void host_pool_clear() {
   host_pool().clear();
+}
+
+int64_t released_host_bytes() {
+  return released_total.load();
 }
 
 int64_t live_storage_states() {

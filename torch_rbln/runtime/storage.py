@@ -14,7 +14,10 @@ module is its Python face. ``state_of(t)`` gives the :class:`StorageState` of ``
 * ``finite_dtype``: the dtype as which the NaN/Inf scan found the whole storage finite (cleared
   by every write), so unchanged weights are scanned once;
 * the widened (fp32) forms of its views that widening programs read again and again (a weight
-  on a host without half-precision GEMMs), also dropped by every write.
+  on a host without half-precision GEMMs), also dropped by every write. While one covers the
+  whole storage and the scan found it finite, the host view's pages are released
+  (``host_released`` bytes; ``released_host_bytes()`` over all storages) and narrowed back
+  from it, bit for bit, before anything reads or partly writes them.
 
 The transitions between the states, and the transfers they record, are the residency
 table of docs/tensors-and-memory.md.
@@ -58,6 +61,7 @@ wrap_host = _C.wrap_host                   # (cpu, index): cpu's storage is the 
 storage_nbytes = _C.storage_nbytes         # (size, stride, itemsize)
 clear_host_pool = _C.host_pool_clear
 live_storage_states = _C.live_storage_states   # states alive now (a leak check reads it)
+released_host_bytes = _C.released_host_bytes   # host-view pages released now (a diagnostic)
 
 
 def _commit() -> list[int]:
