@@ -665,7 +665,9 @@ at::Tensor StorageState::device_input_widened(const at::Tensor& t) {
     }
   }
   at::Tensor w = device_input_alias(t).to(at::kFloat);
-  if (++widen_reads_ >= 2 || reread_) {  // read again before any write: keep it
+  // read again before any write: keep it. Not a lazily negated view's form: its values are not
+  // the storage's (the kept forms are found, and the released bytes narrowed back, by metadata)
+  if ((++widen_reads_ >= 2 || reread_) && !t.is_neg() && !t.is_conj()) {
     if (widened_.size() >= kInputAliases) {
       restore_host();  // the evicted form may be the one the released bytes come back from
       widened_.erase(widened_.begin());
