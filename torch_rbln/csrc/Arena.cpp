@@ -64,7 +64,9 @@ Block Arena::malloc(int64_t nbytes, bool with_memory) {
       stats_.cached -= size;
       stats_.allocated.add(size);
       stats_.active.add(size);
-      if (with_memory) {
+      if (!mem.defined()) {  // cached without memory: made below when asked for
+        stats_.borrowed -= size;
+      } else if (with_memory) {
         return Block{size, std::move(mem)};
       }
       dropped = std::move(mem);
@@ -97,7 +99,7 @@ Block Arena::malloc(int64_t nbytes, bool with_memory) {
     }
     break;
   }
-  if (dropped.defined() || !with_memory) {
+  if (!with_memory) {
     return Block{size, at::Tensor()};
   }
   return Block{size, at::detail::empty_cpu({size}, at::kByte)};
@@ -116,28 +118,62 @@ void Arena::out_of_memory(int64_t size) {
 void Arena::free(Block&& block, std::vector<QueuePoint> uses) {
   const int64_t size = block.size;
   at::Tensor mem = std::move(block.memory);  // declared first: destroyed after the lock is released
+  const bool lent = block.lent;
+  const bool bare = lent && block.lent_cacheable;
+  if (lent) {
+    mem.reset();  // the host view goes back with its storage, never into the cache
+  }
   block.size = 0;
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.allocated.sub(size);
   if (!all_reached(uses)) {
-    deferred_.push_back(Deferred{size, std::move(mem), std::move(uses)});
+    deferred_.push_back(Deferred{size, std::move(mem), std::move(uses), lent, bare});
     return;
   }
-  cache_locked(size, mem);
+  cache_locked(size, mem, lent, bare);
 }
 
 // `mem` is moved into the cache when reusable; otherwise it stays with the caller, who lets go
-// of it after the lock is released
-void Arena::cache_locked(int64_t size, at::Tensor& mem) {
+// of it after the lock is released. `lent`: a block that was lent its storage's host view (counted
+// as borrowed), without memory now; `bare`: cached so, as the memory it stood for would have been.
+void Arena::cache_locked(int64_t size, at::Tensor& mem, bool lent, bool bare) {
   stats_.active.sub(size);
-  if (reusable(mem, size)) {
+  if (bare) {
+    cache_[size].push_back(at::Tensor());
+    stats_.cached += size;
+  } else if (!lent && reusable(mem, size)) {
     cache_[size].push_back(std::move(mem));
     stats_.cached += size;
   } else {
     // adopted memory is not reusable as a raw block: give it back now
     stats_.reserved.sub(size);
     stats_.num_device_free += 1;
+    if (lent) {
+      stats_.borrowed -= size;
+    }
   }
+}
+
+void Arena::lend(Block& block, at::Tensor host_view) {
+  at::Tensor own = std::move(block.memory);  // declared first: destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!block.lent) {
+    // with no memory yet the block would have been given a reusable one
+    block.lent_cacheable = !own.defined() || reusable(own, block.size);
+    block.lent = true;
+    stats_.borrowed += block.size;
+  }
+  block.memory = std::move(host_view);
+}
+
+void Arena::take_own(Block& block, at::Tensor own) {
+  at::Tensor lent = std::move(block.memory);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (block.lent) {
+    block.lent = false;
+    stats_.borrowed -= block.size;
+  }
+  block.memory = std::move(own);
 }
 
 void Arena::take_back_reached_locked(std::vector<at::Tensor>& dropped) {
@@ -145,7 +181,7 @@ void Arena::take_back_reached_locked(std::vector<at::Tensor>& dropped) {
   for (size_t i = 0; i < deferred_.size(); ++i) {
     auto& d = deferred_[i];
     if (all_reached(d.uses)) {
-      cache_locked(d.size, d.memory);
+      cache_locked(d.size, d.memory, d.lent, d.bare);
       if (d.memory.defined()) {
         dropped.push_back(std::move(d.memory));
       }
@@ -166,7 +202,11 @@ std::vector<at::Tensor> Arena::release_cache_locked() {
     stats_.reserved.sub(size * n);
     stats_.num_device_free += n;
     for (auto& m : list) {
-      out.push_back(std::move(m));
+      if (m.defined()) {
+        out.push_back(std::move(m));
+      } else {
+        stats_.borrowed -= size;
+      }
     }
   }
   cache_.clear();

@@ -27,11 +27,17 @@ inline int64_t round_block(int64_t nbytes) {
 }
 
 // A device allocation of `size` bytes. `memory` is its RAM: a flat uint8 CPU tensor, a program's
-// output adopted as the block's memory (StorageState::adopt_device), or undefined while the
-// caller has booked the block without memory.
+// output adopted as the block's memory (StorageState::adopt_device), the storage's host view
+// lent to it (`lent`: one memory for both sides, Arena::lend), or undefined while the caller has
+// booked the block without memory.
 struct Block {
   int64_t size = 0;
   at::Tensor memory;
+  // the memory is the storage's host view: the arena never keeps it. At the free the block is
+  // cached without memory (made at its reuse) when the memory it stands for would have been
+  // cached (`lent_cacheable`), so every statistic moves as with memory of its own.
+  bool lent = false;
+  bool lent_cacheable = false;
 };
 
 // current / peak / total allocated / total freed of one quantity (bytes)
@@ -58,6 +64,10 @@ struct ArenaStats {
   int64_t num_alloc_retries = 0, num_ooms = 0;
   int64_t num_device_alloc = 0, num_device_free = 0;
   int64_t reserved_peak_ever = 0;  // process-wide high-water mark (explain's gauge), never reset
+  // bytes of reserved blocks without memory of their own: in use over a lent host view, or
+  // cached / waiting for recorded streams without memory (reserved - borrowed: the device
+  // memory physically held)
+  int64_t borrowed = 0;
 };
 
 class Arena {
@@ -74,6 +84,11 @@ class Arena {
   void free(Block&& block, std::vector<QueuePoint> uses = {});
   // waits for the deferred blocks' streams, then releases every cached block
   void empty_cache();
+  // `host_view` (memory over the block's storage's host view, which holds the device's bytes)
+  // becomes the block's memory; its own memory, if any, is let go. Books nothing.
+  void lend(Block& block, at::Tensor host_view);
+  // `own` (a program's output) becomes the memory of a block that was lent the host view
+  void take_own(Block& block, at::Tensor own);
 
   ArenaStats stats() const;
   void reset_peak();
@@ -85,19 +100,21 @@ class Arena {
  private:
   [[noreturn]] void out_of_memory(int64_t size);
   std::vector<at::Tensor> release_cache_locked();
-  void cache_locked(int64_t size, at::Tensor& mem);
+  void cache_locked(int64_t size, at::Tensor& mem, bool lent, bool bare);
   void take_back_reached_locked(std::vector<at::Tensor>& dropped);
 
   struct Deferred {
     int64_t size;
     at::Tensor memory;
     std::vector<QueuePoint> uses;
+    bool lent, bare;  // a block lent its storage's host view (Arena::cache_locked)
   };
 
   const c10::DeviceIndex index_;
   const int64_t capacity_;
   mutable std::mutex mutex_;
-  std::unordered_map<int64_t, std::vector<at::Tensor>> cache_;  // rounded size -> free blocks
+  // rounded size -> free blocks (an undefined tensor: a block cached without memory)
+  std::unordered_map<int64_t, std::vector<at::Tensor>> cache_;
   std::vector<Deferred> deferred_;  // freed, waiting for recorded streams
   ArenaStats stats_;
 };

@@ -134,6 +134,13 @@ void bind_runtime(py::module_& m) {
                     "after any write).")
       .def_property_readonly("has_device_memory",
                              [](const StateHandle& h) { return h.state->has_device_memory(); })
+      .def_property_readonly("shares_host_view",
+                             [](const StateHandle& h) { return h.state->shares_host_view(); },
+                             "The device block's memory is the host view: one physical copy.")
+      .def_property_readonly("host_released",
+                             [](const StateHandle& h) { return h.state->host_released(); },
+                             "Bytes of the host view's pages released while the kept fp32 form "
+                             "stands for them (narrowed back before any read).")
       .def_property_readonly("adopted", [](const StateHandle& h) { return h.state->adopted; },
                              "Made outside the allocator: its memory became the host view.")
       .def("__eq__", [](const StateHandle& a, const StateHandle& b) { return a.state == b.state; })
@@ -204,6 +211,12 @@ void bind_runtime(py::module_& m) {
   m.def("arena_stats", [](int index) { return stats_dict(claim(index).stats()); });
   m.def("arena_capacity", [](int index) { return claim(index).capacity(); });
   m.def("arena_reserved", [](int index) { return claim(index).stats().reserved.current; });
+  m.def("released_host_bytes", &released_host_bytes,
+        "Bytes of host-view pages released now, over all storages (a diagnostic).");
+  m.def("arena_held", [](int index) {
+    const ArenaStats s = claim(index).stats();
+    return s.reserved.current - s.borrowed;
+  }, "Bytes of reserved blocks with memory of their own (the device memory physically held).");
   m.def("arena_reset_peak", [](int index) { claim(index).reset_peak(); });
   m.def("arena_reset_accumulated", [](int index) { claim(index).reset_accumulated(); });
   m.def("arena_empty_cache", [](int index) { claim(index).empty_cache(); });

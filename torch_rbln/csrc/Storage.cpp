@@ -6,6 +6,9 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -148,6 +151,9 @@ events::Counter* d2h_counter() {
 
 void copy_bytes(void* dst, const void* src, int64_t n) {
   constexpr int64_t kGrain = int64_t(1) << 20;
+  if (dst == src) {  // one memory for both sides
+    return;
+  }
   if (n <= 4 * kGrain) {
     if (n > 0) {
       std::memcpy(dst, src, n);
@@ -165,6 +171,17 @@ c10::Storage cpu_storage_over(void* data, int64_t nbytes) {
   return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
                       c10::DataPtr(data, c10::Device(c10::kCPU)), /*allocator=*/nullptr,
                       /*resizable=*/false);
+}
+
+// A CPU storage over `st`'s memory that keeps `st` alive: an alias made over a block's memory
+// stays valid when the storage's host view replaces that memory (StorageState::share_host_view)
+c10::Storage cpu_storage_holding(const c10::Storage& st) {
+  auto* held = new c10::Storage(st);
+  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(st.nbytes()),
+                      c10::DataPtr(st.mutable_data(), held,
+                                   [](void* p) { delete static_cast<c10::Storage*>(p); },
+                                   c10::Device(c10::kCPU)),
+                      /*allocator=*/nullptr, /*resizable=*/false);
 }
 
 // A CPU tensor over `storage`. Always a normal tensor, even under inference mode: aliases may be
@@ -237,6 +254,37 @@ StorageState* adopt(const c10::Storage& storage) {
 bool (*eager_parser)(const char*) = nullptr;
 
 std::atomic<int64_t> live_states{0};
+std::atomic<int64_t> released_total{0};
+
+// the whole pages inside [p, p + n)
+std::pair<char*, int64_t> whole_pages(void* p, int64_t n) {
+  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto hi = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(n)) / page * page;
+  return {reinterpret_cast<char*>(lo), hi > lo ? static_cast<int64_t>(hi - lo) : 0};
+}
+
+bool contiguous_strides(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] != 1 && strides[i] != expected) {
+      return false;
+    }
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+// fp32 -> half-precision, as copy_ rounds (to nearest even); exact for values widened from
+// that dtype. Outside the dispatcher: no mode or listener sees it (it is no op of the program)
+template <typename T>
+void narrow_into(T* dst, const float* src, int64_t n) {
+  at::parallel_for(0, n, int64_t(1) << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      dst[i] = static_cast<T>(src[i]);
+    }
+  });
+}
 
 // torch.profiler(profile_memory=True) sees each rbln storage come and go, as CUDA's allocator
 // reports its blocks (the totals are the arena's); one thread-local check while none records
@@ -268,6 +316,8 @@ StorageState::~StorageState() {
   } catch (...) {
   }
   live_states.fetch_sub(1, std::memory_order_relaxed);
+  // released pages go back to the pool as they are (fresh memory's contents are unspecified)
+  released_total.fetch_sub(released_, std::memory_order_relaxed);
   try {
     report_to_profiler(host, -nbytes, index);
   } catch (...) {
@@ -320,7 +370,12 @@ void StorageState::wait_pending() {
 }
 
 const c10::Storage& StorageState::host_cpu_storage() {
+  restore_host();
   catch_up_host();
+  return host_storage();
+}
+
+const c10::Storage& StorageState::host_storage() {
   if (!host_cpu_) {
     host_cpu_ = cpu_storage_over(host, host_capacity);
   }
@@ -328,20 +383,45 @@ const c10::Storage& StorageState::host_cpu_storage() {
 }
 
 const c10::Storage& StorageState::device_cpu_storage() {
+  restore_host();  // the device memory may be the host view
   if (!device_cpu_) {
-    const auto& st = block->memory.storage();
-    device_cpu_ = cpu_storage_over(st.mutable_data(), static_cast<int64_t>(st.nbytes()));
+    device_cpu_ = cpu_storage_holding(block->memory.storage());
   }
   return device_cpu_;
 }
 
 void StorageState::device_memory_changed() {
-  inputs_.clear();
+  drop_released();  // a program's output replaces the contents (adopt_device)
+  device_memory_moved();
   widened_.clear();
+}
+
+void StorageState::device_memory_moved() {
+  inputs_.clear();
   device_cpu_ = c10::Storage();
 }
 
-void StorageState::contents_changed() {
+void StorageState::share_host_view() {
+  if (!block) {
+    block = claim(index).malloc(nbytes, /*with_memory=*/false);
+  }
+  if (!block->lent) {
+    claim(index).lend(*block, tensor_over(host_storage(), at::kByte, {nbytes}, {1}, 0));
+    device_memory_moved();  // the same bytes elsewhere: the widened forms stay
+  }
+}
+
+bool StorageState::shares_host_view() const {
+  return block.has_value() && block->lent;
+}
+
+void StorageState::contents_changed(bool whole) {
+  if (whole) {
+    drop_released();
+  } else {
+    restore_host();  // the widened form that gives the bytes back is dropped below
+  }
+  restored_ = false;
   finite_dtype.reset();
   widened_.clear();
   // widened again and again before this write (a weight between optimizer steps): the next
@@ -350,27 +430,111 @@ void StorageState::contents_changed() {
   widen_reads_ = 0;
 }
 
-void StorageState::ensure_device_memory() {
-  settle();
-  if (!block) {
-    block = claim(index).malloc(nbytes, /*with_memory=*/true);
-    device_memory_changed();
-  } else if (!block->memory.defined()) {
-    block->memory = at::detail::empty_cpu({block->size}, at::kByte);
-    device_memory_changed();
+const StorageState::CachedInput* StorageState::whole_widened() const {
+  for (const auto& e : widened_) {
+    if (e.offset == 0 && e.alias.is_contiguous() &&
+        e.alias.numel() * static_cast<int64_t>(c10::elementSize(e.dtype)) == nbytes &&
+        contiguous_strides(e.sizes, e.strides)) {
+      return &e;
+    }
+  }
+  return nullptr;
+}
+
+// Any tensor or storage over the host view's memory (or over the device memory's CPU storage
+// made over it) that the state does not hold itself: a reader that would not pass restore_host.
+bool StorageState::aliased_outside() const {
+  if (!host_cpu_ || !block || !block->lent) {
+    return true;
+  }
+  int64_t own = 2;  // host_cpu_ and the lent block's memory
+  if (block->memory.use_count() != 1) {
+    return true;
+  }
+  if (device_cpu_) {
+    own += 1;  // device_cpu_ holds the block's memory's storage
+    if (device_cpu_.use_count() != 1 + static_cast<int64_t>(inputs_.size())) {
+      return true;
+    }
+    for (const auto& e : inputs_) {
+      if (e.alias.use_count() != 1) {
+        return true;
+      }
+    }
+  } else if (!inputs_.empty()) {
+    return true;
+  }
+  return host_cpu_.use_count() != own;
+}
+
+// Releases the host view's whole pages where a kept fp32 form covers the storage, the scan
+// found it finite as that form's dtype (no NaN: narrowing gives back the very bits), the host
+// view is the pool's memory (no other allocation shares its pages) and serves as the device
+// memory, and no alias of it is held outside the state. Once narrowed back, the bytes stay until
+// the next write: a weight other routes read too is not released again and again.
+void StorageState::try_release_host() {
+  if (released_ != 0 || restored_ || !pooled || adopted || static_cast<bool>(host_owner) ||
+      !shares_host_view() || static_cast<bool>(pending)) {
+    return;
+  }
+  const CachedInput* e = whole_widened();
+  if (e == nullptr || finite_dtype != e->dtype ||
+      (e->dtype != at::kHalf && e->dtype != at::kBFloat16) || aliased_outside()) {
+    return;
+  }
+  const auto [start, n] = whole_pages(host, host_capacity);
+  if (n == 0 || madvise(start, static_cast<size_t>(n), MADV_DONTNEED) != 0) {
+    return;
+  }
+  released_ = n;
+  released_total.fetch_add(n, std::memory_order_relaxed);
+}
+
+// narrows the whole widened form back into the host view (records nothing: no transfer)
+void StorageState::regenerate_host() {
+  const CachedInput* e = whole_widened();
+  TORCH_INTERNAL_ASSERT(e != nullptr, "released host bytes without their widened form");
+  const float* src = e->alias.const_data_ptr<float>();
+  const int64_t n = e->alias.numel();
+  if (e->dtype == at::kHalf) {
+    narrow_into(static_cast<c10::Half*>(host), src, n);
+  } else {
+    narrow_into(static_cast<c10::BFloat16*>(host), src, n);
+  }
+  drop_released();
+  restored_ = true;
+}
+
+void StorageState::drop_released() {
+  if (released_ != 0) {
+    released_total.fetch_sub(released_, std::memory_order_relaxed);
+    released_ = 0;
   }
 }
 
+void StorageState::ensure_device_memory() {
+  settle();
+  if (!block || !block->memory.defined()) {
+    share_host_view();  // booked now; the host view serves as its memory
+  }
+}
+
+// h2d: the device's bytes become the host view's. Device memory of its own (a program's output
+// the host has overwritten since) is let go: the host view serves as the device memory.
 void StorageState::push() {
-  ensure_device_memory();
   const int64_t t0 = events::span_start();
-  copy_bytes(memory_data(block->memory), host, nbytes);
+  share_host_view();
   events::record_copy(h2d_counter(), nbytes, index, t0);
 }
 
+// d2h: the host view takes the device's bytes, then serves as the device memory (the program
+// output that held them is let go)
 void StorageState::pull() {
   const int64_t t0 = events::span_start();
-  copy_bytes(host, memory_data(block->memory), nbytes);
+  if (!block->lent) {
+    copy_bytes(host, memory_data(block->memory), nbytes);
+    share_host_view();
+  }
   events::record_copy(d2h_counter(), nbytes, index, t0);
 }
 
@@ -378,6 +542,7 @@ void StorageState::catch_up_host() {
   if (host_behind_) {
     host_behind_ = false;
     copy_bytes(host, memory_data(block->memory), nbytes);
+    share_host_view();
   }
 }
 
@@ -386,13 +551,14 @@ bool StorageState::host_read_deferred() {
   if (residency == Residency::Device) {
     events::record_copy(d2h_counter(), nbytes, index, 0);  // the bytes move later, in place
     residency = Residency::Synced;
-    host_behind_ = true;
+    host_behind_ = !shares_host_view();  // one memory: nothing to move
   }
   return host_behind_;
 }
 
 void StorageState::host_read() {
   settle();
+  restore_host();  // raw readers of `host` follow (resize)
   catch_up_host();
   if (residency == Residency::Device) {
     pull();
@@ -402,7 +568,7 @@ void StorageState::host_read() {
 
 void StorageState::host_write(bool whole) {
   settle();
-  contents_changed();
+  contents_changed(whole);
   if (!whole) {
     catch_up_host();
   }
@@ -425,7 +591,7 @@ void StorageState::device_read() {
 
 void StorageState::device_write(bool whole) {
   settle();
-  contents_changed();
+  contents_changed(whole);
   host_behind_ = false;
   if (residency == Residency::Host && !whole) {
     push();
@@ -440,11 +606,15 @@ void StorageState::adopt_device(at::Tensor memory) {
   if (!block) {
     block = claim(index).malloc(nbytes, /*with_memory=*/false);
   }
-  block->memory = std::move(memory);
+  if (block->lent) {
+    claim(index).take_own(*block, std::move(memory));  // the host view keeps its bytes
+  } else {
+    block->memory = std::move(memory);
+  }
   device_memory_changed();
   host_behind_ = false;
   residency = Residency::Device;
-  contents_changed();
+  contents_changed(/*whole=*/true);
 }
 
 at::Tensor StorageState::host_alias(const at::Tensor& t) {
@@ -459,6 +629,7 @@ at::Tensor StorageState::device_alias(const at::Tensor& t) {
 
 at::Tensor StorageState::device_input_alias(const at::Tensor& t) {
   settle();
+  restore_host();
   const at::Tensor& mem = block->memory;
   const auto dtype = t.scalar_type();
   const int64_t offset = t.storage_offset();
@@ -481,22 +652,28 @@ at::Tensor StorageState::device_input_alias(const at::Tensor& t) {
 }
 
 at::Tensor StorageState::device_input_widened(const at::Tensor& t) {
-  const at::Tensor a = device_input_alias(t);
+  settle();
   const auto dtype = t.scalar_type();
   const int64_t offset = t.storage_offset();
   const auto sizes = t.sizes();
   const auto strides = t.strides();
-  for (const auto& e : widened_) {
+  for (const auto& e : widened_) {  // the kept form: the half-precision bytes are not read
     if (e.dtype == dtype && e.offset == offset && sizes.equals(e.sizes) && strides.equals(e.strides)) {
-      return e.alias;
+      at::Tensor w = e.alias;
+      try_release_host();
+      return w;
     }
   }
-  at::Tensor w = a.to(at::kFloat);
-  if (++widen_reads_ >= 2 || reread_) {  // read again before any write: keep it
+  at::Tensor w = device_input_alias(t).to(at::kFloat);
+  // read again before any write: keep it. Not a lazily negated view's form: its values are not
+  // the storage's (the kept forms are found, and the released bytes narrowed back, by metadata)
+  if ((++widen_reads_ >= 2 || reread_) && !t.is_neg() && !t.is_conj()) {
     if (widened_.size() >= kInputAliases) {
+      restore_host();  // the evicted form may be the one the released bytes come back from
       widened_.erase(widened_.begin());
     }
     widened_.push_back({dtype, sizes.vec(), strides.vec(), offset, w});
+    try_release_host();
   }
   return w;
 }
@@ -616,6 +793,10 @@ at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index) {
 
 void host_pool_clear() {
   host_pool().clear();
+}
+
+int64_t released_host_bytes() {
+  return released_total.load();
 }
 
 int64_t live_storage_states() {

@@ -4,7 +4,23 @@
 //   host       the storage's own memory (its data pointer, the "virtual address" PyTorch sees),
 //              from a size-bucketed host pool;
 //   block      the device memory, a Block of the device's arena, booked at the first device use
-//              (or at creation with TORCH_RBLN_EAGER_MALLOC=1);
+//              (or at creation with TORCH_RBLN_EAGER_MALLOC=1). Its RAM is the host view itself
+//              (lent to the block: one physical copy, whichever side is latest) except while a
+//              program's output is the device memory (adopt_device, new_device_tensor), until
+//              the next transfer: the d2h copies into the host view, the h2d drops the output,
+//              and from then on the host view serves again. Only physical memory differs from
+//              two copies: every transfer, transition and statistic is recorded as before;
+//              where the host view serves, a transfer moves no bytes. Writes on either side
+//              land in that one memory: the side the residency calls stale is never read
+//              before a transition, which records the transfer. The deleter frees the block
+//              (dropping the lent view; the arena never caches it) before the host view goes
+//              back to the pool;
+//              While a kept fp32 (widened) form covers the whole storage and the scan found
+//              it finite, the half-precision bytes are redundant (narrowing the fp32 form gives
+//              them back bit for bit): the host view's whole pages are released (MADV_DONTNEED;
+//              the pointer stays valid), as an NPU keeps a weight in its own layout only. Every
+//              route that hands out or reads the bytes (restore_host) narrows them back first;
+//              a whole write forgets them. Nothing is recorded: it is not a transfer;
 //   residency  which side holds the latest data: Host, Device or Synced (both);
 //   pending    queued work (a non_blocking copy on a stream's worker) that writes the memory:
 //              every transition, alias and the deleter wait for it first, so nothing reads or
@@ -73,9 +89,13 @@ struct StorageState {
   // recorded and the state becomes Synced as host_read makes it, but the copy waits until the
   // host view is read (host_read, host_write, any host_* view). True: read the device side.
   bool host_read_deferred();
-  // books the device block (with its memory) if the storage has none yet
+  // books the device block (the host view lent as its memory) if the storage has none yet
   void ensure_device_memory();
   bool has_device_memory() const { return block.has_value() && block->memory.defined(); }
+  // the device block's memory is the host view (no second physical copy)
+  bool shares_host_view() const;
+  // bytes of the host view's pages released while the whole widened form stands for them
+  int64_t host_released() const { return released_; }
 
   // CPU tensors over either side, with `t`'s dtype, sizes, strides, offset and lazy
   // conjugate / negative bits; no residency change
@@ -104,14 +124,33 @@ struct StorageState {
   void push();
   void pull();
   const c10::Storage& host_cpu_storage();
+  const c10::Storage& host_storage();  // host_cpu_storage without catching the host up
   const c10::Storage& device_cpu_storage();
-  void device_memory_changed();
-  void contents_changed();  // every write: the scan's mark and the widened forms are stale
+  // books the block if needed and lends it the host view, which holds the device's bytes
+  void share_host_view();
+  void device_memory_changed();  // new device memory and contents
+  void device_memory_moved();    // the same bytes in other memory: the aliases are stale
+  // every write: the scan's mark and the widened forms are stale (released bytes are
+  // narrowed back first unless the write is `whole`)
+  void contents_changed(bool whole);
+  // the release of the host view's bytes (see the top of this file): every route that hands out
+  // or reads them calls restore_host first; drop_released forgets them (a whole write)
+  void restore_host() {
+    if (C10_UNLIKELY(released_ != 0)) {
+      regenerate_host();
+    }
+  }
+  void regenerate_host();
+  void drop_released();
+  void try_release_host();
+  bool aliased_outside() const;
   void wait_pending();
   void catch_up_host();
 
-  c10::Storage host_cpu_;    // CPU storages over each side (non-owning, not resizable), made
-  c10::Storage device_cpu_;  // on first use
+  // CPU storages over each side (not resizable), made on first use: the host view's does not
+  // own it; the device memory's keeps that memory alive (an alias outlives its replacement)
+  c10::Storage host_cpu_;
+  c10::Storage device_cpu_;
   struct CachedInput {
     c10::ScalarType dtype;
     std::vector<int64_t> sizes, strides;
@@ -120,9 +159,12 @@ struct StorageState {
   };
   std::vector<CachedInput> inputs_;
   std::vector<CachedInput> widened_;  // fp32 copies of views (device_input_widened)
+  const CachedInput* whole_widened() const;  // the kept form covering the whole storage
   int widen_reads_ = 0;               // widenings since the last write
   bool reread_ = false;               // ... and before it there were two or more
   bool host_behind_ = false;  // Synced, but the recorded d2h copy has not been made yet
+  int64_t released_ = 0;      // bytes of the host view's pages released (restore_host)
+  bool restored_ = false;     // narrowed back since the last write: kept until the next one
 };
 
 // The state of an rbln storage. A storage made outside the allocator (a PyTorch path that
@@ -157,6 +199,9 @@ void record_stream(at::Tensor& t, c10::Stream stream);
 
 // Frees the host views the pool keeps for reuse.
 void host_pool_clear();
+
+// Bytes of host-view pages released now, over all storages (a diagnostic; see StorageState).
+int64_t released_host_bytes();
 
 // Storage states alive now (every rbln storage has one): a leak check reads it.
 int64_t live_storage_states();

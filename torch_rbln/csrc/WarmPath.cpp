@@ -704,23 +704,12 @@ class WarmKernel final : public c10::OperatorKernel {
   void run(const c10::FunctionSchema& schema, torch::jit::Stack* stack, size_t n,
            const Call& call) {
     auto args = torch::jit::pop(*stack, n);
-    std::vector<at::Tensor> inputs(n);  // the program's operand aliases, per argument
-    for (size_t i = 0; i < n; ++i) {
-      const auto& v = args[i];
-      if (v.isTensor() && !schema.arguments()[i].kwarg_only()) {
-        const auto& t = v.toTensor();
-        if (t.defined() && t.is_privateuseone()) {
-          StorageState* s = state_of(t);
-          s->device_read();
-          inputs[i] = s->device_input_alias(t);
-        }
-      }
-    }
     bool widen = form_ == Form::Matmul && contains(widened_dtypes, call.dtype);
     if (widen) {  // rows of the left operand, per batch entry (executors.widens)
       const int src = fn_args_[left_];
-      if (src >= 0 && inputs[src].defined() && inputs[src].dim() >= 2) {
-        const auto sizes = inputs[src].sizes();
+      const at::Tensor* lhs = src >= 0 && args[src].isTensor() ? &args[src].toTensor() : nullptr;
+      if (lhs != nullptr && lhs->defined() && lhs->is_privateuseone() && lhs->dim() >= 2) {
+        const auto sizes = lhs->sizes();
         int64_t rows = 1;
         for (size_t d = 0; d + 1 < sizes.size(); ++d) {
           rows *= sizes[d];
@@ -729,6 +718,24 @@ class WarmKernel final : public c10::OperatorKernel {
           rows /= std::max<int64_t>(sizes[0], 1);
         }
         widen = rows >= widen_min_rows;
+      }
+    }
+    // the program's operand aliases, per argument; a widened operand's half-precision bytes
+    // are not taken (its kept fp32 form serves, below)
+    std::vector<at::Tensor> inputs(n);
+    for (size_t i = 0; i < n; ++i) {
+      const auto& v = args[i];
+      if (v.isTensor() && !schema.arguments()[i].kwarg_only()) {
+        const auto& t = v.toTensor();
+        if (t.defined() && t.is_privateuseone()) {
+          StorageState* s = state_of(t);
+          s->device_read();
+          if (widen && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)) {
+            inputs[i] = s->device_input_widened(t);  // kept if read again
+          } else {
+            inputs[i] = s->device_input_alias(t);
+          }
+        }
       }
     }
     const int64_t t0 = events::span_start();  // the program: operands in, result out
@@ -740,12 +747,7 @@ class WarmKernel final : public c10::OperatorKernel {
       if (src < 0) {
         fn_stack.push_back(*fn_schema.arguments()[j].default_value());
       } else if (inputs[src].defined()) {
-        at::Tensor a = inputs[src];
-        if (widen && (a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16)) {
-          const auto& t = args[src].toTensor();  // its widened form, kept if read again
-          a = state_of(t)->device_input_widened(t);
-        }
-        fn_stack.emplace_back(std::move(a));
+        fn_stack.emplace_back(inputs[src]);
       } else {
         fn_stack.push_back(args[src]);
       }
@@ -759,8 +761,11 @@ class WarmKernel final : public c10::OperatorKernel {
       result = result.to(call.dtype);
     }
     for (const auto& a : inputs) {
-      if (a.defined() && result.unsafeGetTensorImpl() == a.unsafeGetTensorImpl()) {
-        result = result.clone();  // an operand's device memory: the output needs its own
+      // an operand's device memory (or a view of it, which may be its storage's host view):
+      // the output needs its own
+      if (a.defined() && (result.unsafeGetTensorImpl() == a.unsafeGetTensorImpl() ||
+                          result.storage().data() == a.storage().data())) {
+        result = result.clone();
         break;
       }
     }

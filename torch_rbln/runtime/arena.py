@@ -35,6 +35,13 @@ class Arena:
         """Bytes reserved now (held by tensors + cached)."""
         return _C.arena_reserved(self.index)
 
+    @property
+    def held(self) -> int:
+        """Bytes of reserved blocks with memory of their own: the device memory physically held.
+        A block whose storage's host view serves as its memory (one copy for both sides) holds
+        none. A diagnostic: every statistic counts all blocks alike."""
+        return _C.arena_held(self.index)
+
     def stats(self) -> dict[str, int]:
         """The dotted statistics of ``torch.rbln.memory_stats()``."""
         return _C.arena_stats(self.index)

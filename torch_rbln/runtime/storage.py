@@ -7,12 +7,17 @@ module is its Python face. ``state_of(t)`` gives the :class:`StorageState` of ``
 * ``host``  the storage's own memory (its data pointer, the "virtual address" PyTorch sees),
   from a size-bucketed host pool;
 * the device block, a block of the device's arena, booked at the first device use (or at
-  creation with ``TORCH_RBLN_EAGER_MALLOC=1``);
+  creation with ``TORCH_RBLN_EAGER_MALLOC=1``). Its memory is the host view itself
+  (``shares_host_view``: one physical copy) except while a program's output is the device
+  memory, until the next transfer; transfers and statistics are recorded as for two copies;
 * ``residency``: which side holds the latest data, ``HOST``, ``DEVICE`` or ``SYNCED`` (both);
 * ``finite_dtype``: the dtype as which the NaN/Inf scan found the whole storage finite (cleared
   by every write), so unchanged weights are scanned once;
 * the widened (fp32) forms of its views that widening programs read again and again (a weight
-  on a host without half-precision GEMMs), also dropped by every write.
+  on a host without half-precision GEMMs), also dropped by every write. While one covers the
+  whole storage and the scan found it finite, the host view's pages are released
+  (``host_released`` bytes; ``released_host_bytes()`` over all storages) and narrowed back
+  from it, bit for bit, before anything reads or partly writes them.
 
 The transitions between the states, and the transfers they record, are the residency
 table of docs/tensors-and-memory.md.
@@ -56,6 +61,7 @@ wrap_host = _C.wrap_host                   # (cpu, index): cpu's storage is the 
 storage_nbytes = _C.storage_nbytes         # (size, stride, itemsize)
 clear_host_pool = _C.host_pool_clear
 live_storage_states = _C.live_storage_states   # states alive now (a leak check reads it)
+released_host_bytes = _C.released_host_bytes   # host-view pages released now (a diagnostic)
 
 
 def _commit() -> list[int]:
