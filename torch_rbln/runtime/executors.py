@@ -269,25 +269,30 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
 # linear backward
 
 def _gemm(a, b, dtype):
-    """``a @ b`` for a program of ``dtype``: on fp32 operands where the matrix units widen
-    (:func:`widens`), else the dtype's own GEMM (fp32 accumulation, one rounding); a no-op
-    conversion for operands the caller already passed widened."""
+    """``a @ b`` for a program of ``dtype`` (fp16/bf16 operands may arrive widened): on fp32
+    operands where the matrix units widen (:func:`widens`), else the dtype's own GEMM (fp32
+    accumulation, one rounding). Either way the result is in ``dtype``, so the program's output
+    meta (traced on the op's own operands) is the op's dtype, and conversions of operands
+    already in the form needed are no-ops."""
     if widens(dtype, a.shape[0]):
-        a, b = a.to(_f32), b.to(_f32)
-    return torch.mm(a, b)
+        return torch.mm(a.to(_f32), b.to(_f32)).to(dtype)
+    return torch.mm(a.to(dtype), b.to(dtype))
 
 
-def linear_backward(x, grad_output, weight, output_mask):
+def linear_backward(x, grad_output, weight, output_mask, dtype=None):
+    """``aten::linear_backward``. ``dtype``: the op's dtype where a widening program passes the
+    operands in fp32 (:func:`build`); else the weight's."""
     if len(output_mask) < 3:
         raise ValueError(f"linear_backward: output_mask needs 3 entries, got {list(output_mask)}")
+    dtype = dtype or weight.dtype
     gy = grad_output.reshape(-1, grad_output.shape[-1])
     dx = dw = db = None
     if output_mask[0]:
-        dx = _gemm(gy, weight, weight.dtype).reshape(*x.shape[:-1], weight.shape[-1])
+        dx = _gemm(gy, weight, dtype).reshape(*x.shape[:-1], weight.shape[-1])
     if output_mask[1]:
-        dw = _gemm(gy.t(), x.reshape(-1, x.shape[-1]), weight.dtype)
+        dw = _gemm(gy.t(), x.reshape(-1, x.shape[-1]), dtype)
     if output_mask[2]:
-        db = gy.sum(0)          # half-precision sums accumulate in fp32 on the CPU
+        db = gy.to(dtype).sum(0)    # half-precision sums accumulate in fp32 on the CPU
     return dx, dw, db
 
 
@@ -400,5 +405,11 @@ def build(kernel: str, fn, out_meta):
         return fp32(fn, out_meta)
     if kernel == "matmul":
         return matmul(fn, out_meta)
-    widened = kernel not in _MATMUL_BODIES or widens(_out_dtype(out_meta), None)
-    return custom(CUSTOM[kernel], out_meta, widened)
+    body = CUSTOM[kernel]
+    if kernel not in _MATMUL_BODIES:
+        return custom(body, out_meta)
+    dtype = _out_dtype(out_meta)
+    if not widens(dtype, None):
+        return custom(body, out_meta, widened=False)
+    # operands arrive in fp32 (a weight's kept form): the body is told the op's dtype
+    return custom(lambda *args, **kwargs: body(*args, **kwargs, dtype=dtype), out_meta)
