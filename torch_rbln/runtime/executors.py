@@ -268,31 +268,36 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
 # ------------------------------------------------------------------------------------------
 # linear backward
 
-def _gemm(a, b, dtype):
-    """``a @ b`` for a program of ``dtype`` (fp16/bf16 operands may arrive widened): on fp32
-    operands where the matrix units widen (:func:`widens`), else the dtype's own GEMM (fp32
-    accumulation, one rounding). Either way the result is in ``dtype``, so the program's output
-    meta (traced on the op's own operands) is the op's dtype, and conversions of operands
-    already in the form needed are no-ops."""
-    if widens(dtype, a.shape[0]):
+_unsafe_view = torch.ops.aten._unsafe_view.default
+
+
+def _gemm(a, b, dtype, widened: bool):
+    """``a @ b`` for a program of ``dtype``, the result in ``dtype`` (so the program's output
+    meta, traced on the op's own operands, is the op's dtype). ``widened``: the program's
+    operands arrive in fp32 (a weight's kept form), so the GEMM runs on them, whatever its rows;
+    else on fp32 operands where the matrix units widen (:func:`widens`), else the dtype's own
+    GEMM (fp32 accumulation, one rounding)."""
+    if widened or widens(dtype, a.shape[0]):
         return torch.mm(a.to(_f32), b.to(_f32)).to(dtype)
-    return torch.mm(a.to(dtype), b.to(dtype))
+    return torch.mm(a, b)
 
 
 def linear_backward(x, grad_output, weight, output_mask, dtype=None):
-    """``aten::linear_backward``. ``dtype``: the op's dtype where a widening program passes the
-    operands in fp32 (:func:`build`); else the weight's."""
+    """``aten::linear_backward``. ``dtype``: the op's dtype, given where a widening program
+    passes its fp16/bf16 operands in fp32 (:func:`build`)."""
     if len(output_mask) < 3:
         raise ValueError(f"linear_backward: output_mask needs 3 entries, got {list(output_mask)}")
+    widened = dtype is not None
     dtype = dtype or weight.dtype
     gy = grad_output.reshape(-1, grad_output.shape[-1])
     dx = dw = db = None
     if output_mask[0]:
-        dx = _gemm(gy, weight, dtype).reshape(*x.shape[:-1], weight.shape[-1])
+        # the fresh GEMM result in x's shape, not a view of it: a view would be copied out
+        dx = _unsafe_view(_gemm(gy, weight, dtype, widened), (*x.shape[:-1], weight.shape[-1]))
     if output_mask[1]:
-        dw = _gemm(gy.t(), x.reshape(-1, x.shape[-1]), dtype)
+        dw = _gemm(gy.t(), x.reshape(-1, x.shape[-1]), dtype, widened)
     if output_mask[2]:
-        db = gy.to(dtype).sum(0)    # half-precision sums accumulate in fp32 on the CPU
+        db = gy.sum(0)          # half-precision sums accumulate in fp32 on the CPU
     return dx, dw, db
 
 
