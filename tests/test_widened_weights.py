@@ -159,3 +159,28 @@ def test_linear_backward_on_widened_operands_returns_the_op_dtype():
     assert r["direct_dtypes"] == ["torch.bfloat16"] * 3, r
     assert r["grad_dtypes"] == ["torch.bfloat16"] * 3, r
     assert r["programs"] == 2 and r["bounces"] == 0, r
+
+
+_STEPS = """
+import torch
+from torch_rbln.runtime.storage import state_of
+torch.manual_seed(0)
+lin = torch.nn.Linear(64, 128, bias=False).to(torch.bfloat16).to("rbln")
+opt = torch.optim.AdamW(lin.parameters(), lr=1e-3, fused=True)
+x = torch.randn(128, 64, dtype=torch.bfloat16, device="rbln")
+kept_after_forward = []
+for step in range(5):
+    opt.zero_grad()
+    y = lin(x)                   # one widening read of the weight ...
+    kept_after_forward.append(state_of(lin.weight.detach()).widened_bytes)
+    y.sum().backward()           # ... and one in the backward, then the optimizer writes it
+    opt.step()
+print(json.dumps({"kept": kept_after_forward}))
+"""
+
+
+def test_a_weight_read_in_forward_and_backward_is_widened_once_per_step():
+    """Between optimizer steps a weight is read twice (forward, backward), the kept form serving
+    the second read: that counts as read again, so every step keeps its first widening."""
+    r = run_json(_STEPS, env={"TORCH_RBLN_MATMUL_PRECISION": "widen"})
+    assert r["kept"][1:] == [128 * 64 * 4] * 4, r

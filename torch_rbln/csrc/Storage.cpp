@@ -486,13 +486,18 @@ at::Tensor StorageState::device_input_widened(const at::Tensor& t) {
   const int64_t offset = t.storage_offset();
   const auto sizes = t.sizes();
   const auto strides = t.strides();
+  // every widening read counts, those the kept form serves too: a weight read once in the
+  // forward (widened, kept) and once in the backward (served) is read twice per write, so its
+  // next contents are kept from their first widening as well (the count stops at 2: only
+  // "read again" matters)
+  widen_reads_ = std::min(widen_reads_ + 1, 2);
   for (const auto& e : widened_) {
     if (e.dtype == dtype && e.offset == offset && sizes.equals(e.sizes) && strides.equals(e.strides)) {
       return e.alias;
     }
   }
   at::Tensor w = a.to(at::kFloat);
-  if (++widen_reads_ >= 2 || reread_) {  // read again before any write: keep it
+  if (widen_reads_ >= 2 || reread_) {  // read again before any write: keep it
     if (widened_.size() >= kInputAliases) {
       widened_.erase(widened_.begin());
     }
