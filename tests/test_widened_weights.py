@@ -112,3 +112,75 @@ def test_kept_forms_are_outside_the_device_accounting():
     torch.mm(x, w)
     assert state_of(w).widened_bytes == 256 * 256 * 4
     assert torch.rbln.memory_allocated() == before
+
+
+_BACKWARD = """
+import torch
+B = torch.bfloat16
+torch.manual_seed(0)
+x = torch.randn(128, 64).to(B)
+w1, w2 = (torch.randn(128, 64) * 0.1).to(B), (torch.randn(64, 128) * 0.1).to(B)
+gy = torch.randn(128, 64).to(B)
+
+# every GEMM has >= WIDEN_MIN_ROWS rows, so each one widens
+lin1, lin2 = torch.nn.Linear(64, 128, bias=False), torch.nn.Linear(128, 64, bias=False)
+with torch.no_grad():
+    lin1.weight.copy_(w1)
+    lin2.weight.copy_(w2)
+net = torch.nn.Sequential(lin1, lin2).to(B).to("rbln")
+xd = x.to("rbln").requires_grad_()
+with torch.rbln.explain() as report:
+    net(xd).backward(gy.to("rbln"))
+direct = torch.ops.aten.linear_backward(xd.detach(), gy.to("rbln"), net[1].weight.detach(),
+                                        [True, True, True])
+
+# NPU numerics on the CPU: each GEMM on fp32 operands, one rounding of each result
+f = lambda t: t.float()
+h = (f(x) @ f(w1).t()).to(B)
+dh = (f(gy) @ f(w2)).to(B)
+ref = {"dx": (f(dh) @ f(w1)).to(B), "dw1": (f(dh).t() @ f(x)).to(B),
+       "dw2": (f(gy).t() @ f(h)).to(B)}
+got = {"dx": xd.grad, "dw1": net[0].weight.grad, "dw2": net[1].weight.grad}
+print(json.dumps({
+    "equal": {k: torch.equal(got[k].cpu(), ref[k]) for k in ref},
+    "grad_dtypes": [str(g.dtype) for g in got.values()],
+    "direct_dtypes": [str(t.dtype) for t in direct],
+    "bounces": report.dump()["hidden_host_bounce"]["total_count"],
+    "programs": report.dump()["device_programs_by_op"].get("aten::linear_backward", 0)}))
+"""
+
+
+def test_linear_backward_on_widened_operands_returns_the_op_dtype():
+    """Where matmuls widen, ``linear_backward`` takes its operands in fp32 (a weight's kept
+    form) and rounds its gradients once, to the operands' dtype: no fp32 gradient for autograd
+    to convert through the host afterwards."""
+    r = run_json(_BACKWARD, env={"TORCH_RBLN_MATMUL_PRECISION": "widen"})
+    assert r["equal"] == {"dx": True, "dw1": True, "dw2": True}, r
+    assert r["direct_dtypes"] == ["torch.bfloat16"] * 3, r
+    assert r["grad_dtypes"] == ["torch.bfloat16"] * 3, r
+    assert r["programs"] == 2 and r["bounces"] == 0, r
+
+
+_STEPS = """
+import torch
+from torch_rbln.runtime.storage import state_of
+torch.manual_seed(0)
+lin = torch.nn.Linear(64, 128, bias=False).to(torch.bfloat16).to("rbln")
+opt = torch.optim.AdamW(lin.parameters(), lr=1e-3, fused=True)
+x = torch.randn(128, 64, dtype=torch.bfloat16, device="rbln")
+kept_after_forward = []
+for step in range(5):
+    opt.zero_grad()
+    y = lin(x)                   # one widening read of the weight ...
+    kept_after_forward.append(state_of(lin.weight.detach()).widened_bytes)
+    y.sum().backward()           # ... and one in the backward, then the optimizer writes it
+    opt.step()
+print(json.dumps({"kept": kept_after_forward}))
+"""
+
+
+def test_a_weight_read_in_forward_and_backward_is_widened_once_per_step():
+    """Between optimizer steps a weight is read twice (forward, backward), the kept form serving
+    the second read: that counts as read again, so every step keeps its first widening."""
+    r = run_json(_STEPS, env={"TORCH_RBLN_MATMUL_PRECISION": "widen"})
+    assert r["kept"][1:] == [128 * 64 * 4] * 4, r

@@ -657,6 +657,11 @@ at::Tensor StorageState::device_input_widened(const at::Tensor& t) {
   const int64_t offset = t.storage_offset();
   const auto sizes = t.sizes();
   const auto strides = t.strides();
+  // every widening read counts, those the kept form serves too: a weight read once in the
+  // forward (widened, kept) and once in the backward (served) is read twice per write, so its
+  // next contents are kept from their first widening as well (the count stops at 2: only
+  // "read again" matters)
+  widen_reads_ = std::min(widen_reads_ + 1, 2);
   for (const auto& e : widened_) {  // the kept form: the half-precision bytes are not read
     if (e.dtype == dtype && e.offset == offset && sizes.equals(e.sizes) && strides.equals(e.strides)) {
       at::Tensor w = e.alias;
@@ -667,7 +672,7 @@ at::Tensor StorageState::device_input_widened(const at::Tensor& t) {
   at::Tensor w = device_input_alias(t).to(at::kFloat);
   // read again before any write: keep it. Not a lazily negated view's form: its values are not
   // the storage's (the kept forms are found, and the released bytes narrowed back, by metadata)
-  if ((++widen_reads_ >= 2 || reread_) && !t.is_neg() && !t.is_conj()) {
+  if ((widen_reads_ >= 2 || reread_) && !t.is_neg() && !t.is_conj()) {
     if (widened_.size() >= kInputAliases) {
       restore_host();  // the evicted form may be the one the released bytes come back from
       widened_.erase(widened_.begin());

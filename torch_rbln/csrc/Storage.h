@@ -107,10 +107,12 @@ struct StorageState {
   at::Tensor device_input_alias(const at::Tensor& t);
   // device_input_alias in fp32, for a program that computes a half-precision operand widened
   // (executors: the fp32 and matmul forms, custom bodies). An operand read many times and
-  // written rarely (a weight) keeps its widened form: from the second widening of a view since
-  // the storage's last write (from the first, when the contents before that write were widened
-  // twice or more: a weight an optimizer updates), the fp32 copy is kept (host memory, outside the device's
-  // accounting, as an NPU keeps weights in its own layout) until the next write drops it.
+  // written rarely (a weight) keeps its widened form: from the second widening read of a view
+  // since the storage's last write (from the first, when the contents before that write were
+  // read widened twice or more, the kept form serving some of those reads: a weight an
+  // optimizer updates between a forward and a backward), the fp32 copy is kept (host memory,
+  // outside the device's accounting, as an NPU keeps weights in its own layout) until the next
+  // write drops it.
   at::Tensor device_input_widened(const at::Tensor& t);
   // widened forms kept now (a test and the memory report read it)
   int64_t widened_bytes() const;
@@ -160,7 +162,7 @@ struct StorageState {
   std::vector<CachedInput> inputs_;
   std::vector<CachedInput> widened_;  // fp32 copies of views (device_input_widened)
   const CachedInput* whole_widened() const;  // the kept form covering the whole storage
-  int widen_reads_ = 0;               // widenings since the last write
+  int widen_reads_ = 0;               // widening reads since the last write (up to 2)
   bool reread_ = false;               // ... and before it there were two or more
   bool host_behind_ = false;  // Synced, but the recorded d2h copy has not been made yet
   int64_t released_ = 0;      // bytes of the host view's pages released (restore_host)

@@ -268,24 +268,34 @@ def sdpa_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, logsumexp,
 # ------------------------------------------------------------------------------------------
 # linear backward
 
-def _gemm(a, b, dtype):
-    """``a @ b`` for a program of ``dtype``: on fp32 operands where the matrix units widen
-    (:func:`widens`), else the dtype's own GEMM (fp32 accumulation, one rounding); a no-op
-    conversion for operands the caller already passed widened."""
-    if widens(dtype, a.shape[0]):
-        a, b = a.to(_f32), b.to(_f32)
+_unsafe_view = torch.ops.aten._unsafe_view.default
+
+
+def _gemm(a, b, dtype, widened: bool):
+    """``a @ b`` for a program of ``dtype``, the result in ``dtype`` (so the program's output
+    meta, traced on the op's own operands, is the op's dtype). ``widened``: the program's
+    operands arrive in fp32 (a weight's kept form), so the GEMM runs on them, whatever its rows;
+    else on fp32 operands where the matrix units widen (:func:`widens`), else the dtype's own
+    GEMM (fp32 accumulation, one rounding)."""
+    if widened or widens(dtype, a.shape[0]):
+        return torch.mm(a.to(_f32), b.to(_f32)).to(dtype)
     return torch.mm(a, b)
 
 
-def linear_backward(x, grad_output, weight, output_mask):
+def linear_backward(x, grad_output, weight, output_mask, dtype=None):
+    """``aten::linear_backward``. ``dtype``: the op's dtype, given where a widening program
+    passes its fp16/bf16 operands in fp32 (:func:`build`)."""
     if len(output_mask) < 3:
         raise ValueError(f"linear_backward: output_mask needs 3 entries, got {list(output_mask)}")
+    widened = dtype is not None
+    dtype = dtype or weight.dtype
     gy = grad_output.reshape(-1, grad_output.shape[-1])
     dx = dw = db = None
     if output_mask[0]:
-        dx = _gemm(gy, weight, weight.dtype).reshape(*x.shape[:-1], weight.shape[-1])
+        # the fresh GEMM result in x's shape, not a view of it: a view would be copied out
+        dx = _unsafe_view(_gemm(gy, weight, dtype, widened), (*x.shape[:-1], weight.shape[-1]))
     if output_mask[1]:
-        dw = _gemm(gy.t(), x.reshape(-1, x.shape[-1]), weight.dtype)
+        dw = _gemm(gy.t(), x.reshape(-1, x.shape[-1]), dtype, widened)
     if output_mask[2]:
         db = gy.sum(0)          # half-precision sums accumulate in fp32 on the CPU
     return dx, dw, db
@@ -400,5 +410,11 @@ def build(kernel: str, fn, out_meta):
         return fp32(fn, out_meta)
     if kernel == "matmul":
         return matmul(fn, out_meta)
-    widened = kernel not in _MATMUL_BODIES or widens(_out_dtype(out_meta), None)
-    return custom(CUSTOM[kernel], out_meta, widened)
+    body = CUSTOM[kernel]
+    if kernel not in _MATMUL_BODIES:
+        return custom(body, out_meta)
+    dtype = _out_dtype(out_meta)
+    if not widens(dtype, None):
+        return custom(body, out_meta, widened=False)
+    # operands arrive in fp32 (a weight's kept form): the body is told the op's dtype
+    return custom(lambda *args, **kwargs: body(*args, **kwargs, dtype=dtype), out_meta)
