@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -67,6 +68,18 @@ def run_json(body: str, env=None, timeout=300) -> dict:
     r = run_code("import json, torch\n" + textwrap.dedent(body), env=env, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def warm_path(on: bool):
+    """The native warm path switched on or off for the block (tests compare both paths)."""
+    from torch_rbln import _C
+    before = _C.warm_path_enabled()
+    _C.set_warm_path(on)
+    try:
+        yield
+    finally:
+        _C.set_warm_path(before)
 
 
 @pytest.fixture(autouse=True)

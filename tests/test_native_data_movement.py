@@ -6,25 +6,15 @@ table's device-to-device rows."""
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 
-from torch_rbln import _C, events
+from conftest import warm_path
+from torch_rbln import events
 from torch_rbln.runtime.storage import state_of
 
 D = "rbln"
 H = torch.float16
-
-
-@contextlib.contextmanager
-def warm_path(on: bool):
-    before = _C.warm_path_enabled()
-    _C.set_warm_path(on)
-    try:
-        yield
-    finally:
-        _C.set_warm_path(before)
 
 
 def _cases():

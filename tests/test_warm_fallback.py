@@ -16,22 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import warm_path
 from torch_rbln import _C, events
 from torch_rbln.runtime.storage import state_of
 
 D = "rbln"
 H = torch.float16
 TIMED = {"cpu_fallback", "recompile", "runtime"}     # amounts in ns: differ run to run
-
-
-@contextlib.contextmanager
-def warm_path(on: bool):
-    before = _C.warm_path_enabled()
-    _C.set_warm_path(on)
-    try:
-        yield
-    finally:
-        _C.set_warm_path(before)
 
 
 def _delta(before, after) -> dict:

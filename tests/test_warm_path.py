@@ -9,7 +9,6 @@ every event and count (and every byte amount), and the arena's statistics must b
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import random
@@ -18,22 +17,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_script
+from conftest import run_script, warm_path
 from torch_rbln import _C, events
 
 D = "rbln"
 H = torch.float16
 TIMED = {"recompile", "cpu_fallback", "runtime"}    # amounts in ns: differ run to run
-
-
-@contextlib.contextmanager
-def warm_path(on: bool):
-    before = _C.warm_path_enabled()
-    _C.set_warm_path(on)
-    try:
-        yield
-    finally:
-        _C.set_warm_path(before)
 
 
 def _ops(rng: random.Random):

@@ -671,19 +671,7 @@ class WarmKernel final : public c10::OperatorKernel {
         }
       }
     }
-    torch::jit::Stack fn_stack;
-    fn_stack.reserve(fn_args_.size());
-    const auto& fn_schema = fn_.schema();
-    for (size_t j = 0; j < fn_args_.size(); ++j) {
-      const int src = fn_args_[j];
-      if (src < 0) {
-        fn_stack.push_back(*fn_schema.arguments()[j].default_value());
-      } else if (inputs[src].defined()) {
-        fn_stack.emplace_back(inputs[src]);
-      } else {
-        fn_stack.push_back(args[src]);
-      }
-    }
+    torch::jit::Stack fn_stack = fn_stack_of(args, inputs);
     fn_.callBoxed(fn_stack);
     at::Tensor result = fn_stack.back().toTensor();
     if (mode_ == Mode::Functional) {  // results.wrap_result
@@ -739,19 +727,7 @@ class WarmKernel final : public c10::OperatorKernel {
       }
     }
     const int64_t t0 = events::span_start();  // the program: operands in, result out
-    torch::jit::Stack fn_stack;
-    fn_stack.reserve(fn_args_.size());
-    const auto& fn_schema = fn_.schema();
-    for (size_t j = 0; j < fn_args_.size(); ++j) {
-      const int src = fn_args_[j];
-      if (src < 0) {
-        fn_stack.push_back(*fn_schema.arguments()[j].default_value());
-      } else if (inputs[src].defined()) {
-        fn_stack.emplace_back(inputs[src]);
-      } else {
-        fn_stack.push_back(args[src]);
-      }
-    }
+    torch::jit::Stack fn_stack = fn_stack_of(args, inputs);
     {
       Depth depth;
       fn_.callBoxed(fn_stack);
@@ -807,6 +783,26 @@ class WarmKernel final : public c10::OperatorKernel {
   std::vector<int> slots_, skip_dtype_;
   bool align64_;
   Form form_;
+  // fn's arguments: the alias in `inputs` where there is one, else the registered op's own
+  // argument, else fn's default
+  torch::jit::Stack fn_stack_of(const std::vector<c10::IValue>& args,
+                                const std::vector<at::Tensor>& inputs) const {
+    torch::jit::Stack fn_stack;
+    fn_stack.reserve(fn_args_.size());
+    const auto& fn_schema = fn_.schema();
+    for (size_t j = 0; j < fn_args_.size(); ++j) {
+      const int src = fn_args_[j];
+      if (src < 0) {
+        fn_stack.push_back(*fn_schema.arguments()[j].default_value());
+      } else if (inputs[src].defined()) {
+        fn_stack.emplace_back(inputs[src]);
+      } else {
+        fn_stack.push_back(args[src]);
+      }
+    }
+    return fn_stack;
+  }
+
   std::vector<int> fn_args_;  // per argument of fn: the registered op's argument, or -1
   int left_;                  // a matmul's left operand among fn's arguments
   bool batched_;              // ... and its first dimension is the batch (bmm)

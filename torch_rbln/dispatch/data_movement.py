@@ -176,6 +176,15 @@ def repeat_interleave_tensor(repeats, *, output_size=None):
                 [repeats], None, repeats.device.index)
 
 
+def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
+    """``torch.arange(..., device="rbln")`` (``end``, ``start, end`` or ``start, end, step``):
+    the values made on the host, as the out= form below makes them into a fresh tensor,
+    without its resize and copy."""
+    index = device.index if device is not None and device.index is not None \
+        else devices.current()
+    return results.wrap_result(torch.arange(*bounds, dtype=dtype), index)
+
+
 def arange_start_out(start, end, step=1, *, out):
     res = torch.arange(start, end, step, dtype=out.dtype)
     if res.numel() == out.numel():
@@ -254,6 +263,9 @@ KERNELS = {
     "index_copy_": index_copy_,
     "repeat_interleave.Tensor": repeat_interleave_tensor,
     "arange.start_out": arange_start_out,
+    "arange": arange,
+    "arange.start": arange,
+    "arange.start_step": arange,
     "clone": clone,
     "fill_.Scalar": fill_scalar,
     "fill_.Tensor": fill_tensor,

@@ -130,8 +130,8 @@ BY_NAME = {e.name: e for e in DEVICE_OPS}
 # compile, no pre-dispatch checks, any dtype; they run where their data is.
 NATIVE_OPS = (
     "cat.out", "cat", "index_select.out", "index_select", "index_copy.out", "index_copy_",
-    "repeat_interleave.Tensor", "arange.start_out", "clone", "fill_.Scalar", "fill_.Tensor",
-    "zero_",
+    "repeat_interleave.Tensor", "arange", "arange.start", "arange.start_step", "arange.start_out",
+    "clone", "fill_.Scalar", "fill_.Tensor", "zero_",
 )
 
 # Ops registered explicitly to the CPU fallback (the reference's list): they run on the host
