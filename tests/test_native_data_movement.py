@@ -17,6 +17,17 @@ D = "rbln"
 H = torch.float16
 
 
+def _delta(before, after) -> dict:
+    """Counters that moved between two snapshots (runtime amounts are times: not compared)."""
+    d = {}
+    for kind, table in after.items():
+        for key, (n, amount) in table.items():
+            n0, a0 = before[kind].get(key, [0, 0])
+            if n != n0:
+                d[(kind, key)] = (n - n0, None if kind == "runtime" else amount - a0)
+    return d
+
+
 def _cases():
     torch.manual_seed(0)
     a = torch.randn(2, 3, 64).to(H)
@@ -41,12 +52,7 @@ def _run(on: bool):
         with warm_path(on):
             r = torch.cat(ts, dim)
         after = events.snapshot()
-        d = {}
-        for kind, table in after.items():
-            for key, (n, amount) in table.items():
-                n0, a0 = before[kind].get(key, [0, 0])
-                if n != n0:
-                    d[(kind, key)] = (n - n0, None if kind == "runtime" else amount - a0)
+        d = _delta(before, after)
         out.append((name, r.device.type, r.cpu(), state_of(r).residency))
         deltas.append((name, d))
     return out, deltas
@@ -103,12 +109,7 @@ def _run_copies(on: bool):
         with warm_path(on):
             dst.copy_(src)
         after = events.snapshot()
-        d = {}
-        for kind, table in after.items():
-            for key, (n, amount) in table.items():
-                n0, a0 = before[kind].get(key, [0, 0])
-                if n != n0:
-                    d[(kind, key)] = (n - n0, None if kind == "runtime" else amount - a0)
+        d = _delta(before, after)
         base = dst._base if dst._base is not None else dst
         out.append((name, dst.cpu(), base.cpu(),
                     state_of(dst).residency if dst.device.type == D else None))
