@@ -114,7 +114,8 @@ def test_recycled_host_views_start_fresh():
     gc.collect()
     base = torch.rbln.memory_allocated()
     a = torch.full((128,), 3.0, dtype=torch.float16, device=D)
-    old = a * 2                                      # device-latest, device memory booked
+    old = torch.empty(128, dtype=torch.float16, device=D)     # a host view from the pool
+    torch.mul(a, 2, out=old)                         # device-latest, device memory booked
     assert (old + 1).cpu()[0].item() == 7.0          # scanned finite as fp16 on the way
     assert state_of(old).has_device_memory and state_of(old).finite_dtype is torch.float16
     ptr = old.data_ptr()

@@ -2,8 +2,9 @@
 
 The virtual NPU's device memory is host RAM. Where the host view holds the device's bytes (from
 the first device use, after every transfer, and through writes on either side), the block's
-memory *is* the host view; only a program's output adopted as the device memory is a second
-copy, until the next transfer (docs/tensors-and-memory.md, "Physical memory"). Transfers,
+memory *is* the host view. A program's fresh output is both at once (its memory becomes the new
+storage's host view); only an output written into an existing storage (in place, ``out=``) is a
+second copy, until the next transfer (docs/tensors-and-memory.md, "Physical memory"). Transfers,
 residency and the arena's statistics stay those of two copies; `Arena.held` counts the device
 memory physically held. Every value is compared with the CPU."""
 
@@ -49,13 +50,19 @@ def test_a_synced_weight_holds_no_second_copy():
         round_size(t.nbytes) for t in (w, x, y))
     s = state_of(wd)
     assert s.residency == SYNCED and s.has_device_memory and s.shares_host_view
-    # physically, only the output's memory is the device's own
-    assert not state_of(y).shares_host_view
-    assert held() - held0 == round_size(y.nbytes)
+    # physically, the fresh output's memory is its host view too: nothing is held twice
+    assert state_of(y).shares_host_view and held() == held0
     d2h = events.total("d2h")
     torch.testing.assert_close(y.cpu(), mm(x, w))
-    assert moved("d2h", d2h) == (1, y.nbytes)
-    assert state_of(y).shares_host_view and held() == held0   # the output's copy let go
+    assert moved("d2h", d2h) == (1, y.nbytes)       # recorded as with two copies
+    assert state_of(y).shares_host_view and held() == held0
+    o = torch.empty_like(y)
+    torch.mm(xd, wd, out=o)         # an output written into an existing storage: its own copy
+    assert not state_of(o).shares_host_view
+    assert held() - held0 == round_size(o.nbytes)
+    torch.testing.assert_close(o.cpu(), mm(x, w))
+    assert state_of(o).shares_host_view and held() == held0   # the output's copy let go
+    del o
     assert torch.rbln.memory_allocated() - alloc0 == sum(round_size(t.nbytes) for t in (w, x, y))
 
 
@@ -123,7 +130,7 @@ def test_freed_shared_block_is_cached_without_memory():
     u = torch.full((1536,), 7.0, dtype=H, device=D)
     v = u + 1                       # u takes the cached block; v is booked anew
     assert torch.rbln.memory_stats()["num_device_alloc"] - s["num_device_alloc"] == 1
-    assert held() - held0 == round_size(3072)      # v's memory is the program's output
+    assert held() == held0          # v's memory is the program's output, its host view too
     assert torch.equal(v.cpu(), torch.full((1536,), 8.0, dtype=H))
     assert torch.equal(u.cpu(), torch.full((1536,), 7.0, dtype=H))
     del u, v

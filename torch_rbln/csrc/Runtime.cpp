@@ -12,6 +12,8 @@ namespace py = pybind11;
 
 namespace torch_rbln {
 
+bool spans_whole_storage(const at::Tensor& t);  // WarmPath.cpp: layout.spans_storage(t)
+
 namespace {
 
 // Python callables the core calls back; kept for the life of the process.
@@ -199,6 +201,14 @@ void bind_runtime(py::module_& m) {
   m.def("new_device_tensor", [](const at::Tensor& mem, int64_t nbytes, int index) {
     return new_device_tensor(mem, nbytes, index);
   });
+  m.def("deliver_fresh", [](at::Tensor result, int index) {
+    if (result.is_view() || !spans_whole_storage(result)) {
+      result = result.clone(at::MemoryFormat::Contiguous);
+    }
+    return new_device_tensor(result, result.numel() * static_cast<int64_t>(result.itemsize()),
+                             index);
+  }, "results.deliver_device for a program result and no out=: a fresh tensor that spans its "
+     "own storage becomes the device memory as it is; anything else is copied first.");
   m.def("wrap_host", [](const at::Tensor& cpu, int index) { return wrap_host(cpu, index); });
   m.def("storage_nbytes", [](std::vector<int64_t> size, std::vector<int64_t> stride, int64_t itemsize) {
     return storage_nbytes(size, stride, itemsize);

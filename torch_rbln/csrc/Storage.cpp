@@ -767,16 +767,21 @@ at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Sca
 }
 
 at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index) {
-  claim(index);
-  int64_t capacity = 0;
-  void* host = host_pool().get(nbytes, &capacity);
-  auto* s = new StorageState(index, nbytes, host, capacity, /*pooled=*/true);
+  Arena& arena = claim(index);
+  // the output's memory is the host view too (one physical copy, as wrap_host's): a later d2h
+  // records its transfer and moves no bytes
+  const c10::Storage& ms = memory.storage();
+  void* host = ms.mutable_data();
+  auto* s = new StorageState(index, nbytes, host, static_cast<int64_t>(ms.nbytes()),
+                             /*pooled=*/false);
+  s->host_owner = ms;
   c10::DataPtr dp(host, s, &release_state, c10::Device(c10::DeviceType::PrivateUse1, index));
   // the variable is validated as at every allocation, but an adopted output is booked now
   // either way (with or without it, the arena's statistics move alike)
   eager_malloc();
-  s->block = claim(index).malloc(nbytes, /*with_memory=*/false);
-  s->block->memory = memory;
+  s->block = arena.malloc(nbytes, /*with_memory=*/false);
+  s->block->memory = memory;  // booked with the output's memory (its caching at the free) ...
+  arena.lend(*s->block, memory);  // ... which the host view is
   s->residency = Residency::Device;
   return tensor_on(std::move(dp), nbytes, memory.scalar_type(), memory.sizes(), memory.strides(), 0);
 }

@@ -5,10 +5,11 @@
 //              from a size-bucketed host pool;
 //   block      the device memory, a Block of the device's arena, booked at the first device use
 //              (or at creation with TORCH_RBLN_EAGER_MALLOC=1). Its RAM is the host view itself
-//              (lent to the block: one physical copy, whichever side is latest) except while a
-//              program's output is the device memory (adopt_device, new_device_tensor), until
-//              the next transfer: the d2h copies into the host view, the h2d drops the output,
-//              and from then on the host view serves again. Only physical memory differs from
+//              (lent to the block: one physical copy, whichever side is latest). A fresh
+//              program output is both (new_device_tensor: its memory becomes the host view
+//              too); one written into an existing storage (adopt_device) is the device memory
+//              until the next transfer: the d2h copies into the host view, the h2d drops the
+//              output, and from then on the host view serves again. Only physical memory differs from
 //              two copies: every transfer, transition and statistic is recorded as before;
 //              where the host view serves, a transfer moves no bytes. Writes on either side
 //              land in that one memory: the side the residency calls stale is never read
@@ -191,7 +192,8 @@ c10::DataPtr new_host_view(int64_t nbytes, c10::DeviceIndex index);
 at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
                       c10::DeviceIndex index);
 // A fresh rbln tensor whose device memory *is* `memory`, a program output that owns its whole
-// dense storage of `nbytes` bytes: device-latest, nothing copied (one step per op output).
+// dense storage of `nbytes` bytes: device-latest, nothing copied (one step per op output). The
+// same memory is its host view (as wrap_host's), lent to the block: a d2h moves no bytes.
 at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index);
 // An rbln tensor whose host view *is* `cpu`'s storage (zero copy), host-latest.
 at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index);

@@ -13,7 +13,7 @@ import warnings
 import torch
 
 from .. import user_frames
-from ..runtime.storage import state_of, new_device_tensor, wrap_host
+from ..runtime.storage import deliver_fresh as _deliver_fresh, state_of, wrap_host
 from . import factories
 from .layout import spans_storage
 
@@ -59,13 +59,14 @@ def deliver_host(result, out, index):
 def deliver_device(result, out, index: int):
     """Make ``result`` (computed in device memory) the data of ``out`` or of a new rbln tensor."""
     if out is None:
+        # a fresh kernel output (not a view) that spans its storage becomes the device memory
+        # as it is; anything else is copied (natively: a multi-output program, attention's
+        # nine, pays this per output)
         if isinstance(result, _Tensor):
-            # a fresh kernel output spans its storage; anything else is copied
-            if result._base is not None or not spans_storage(result):
-                result = result.clone(memory_format=torch.contiguous_format)
-            return new_device_tensor(result, result.numel() * result.itemsize, index)
+            return _deliver_fresh(result, index)
         if isinstance(result, (list, tuple)):
-            return type(result)(deliver_device(r, None, index) for r in result)
+            return type(result)([_deliver_fresh(r, index) if isinstance(r, _Tensor)
+                                 else deliver_device(r, None, index) for r in result])
         return result
     if out.shape != result.shape:
         resize_out(out, result.shape)

@@ -53,14 +53,43 @@ def _round(x, meta):
     return x
 
 
+def _rounder(meta):
+    """:func:`_round` worked out once for a program's output meta (it never changes): a
+    function that rounds a result, or None where nothing can need it. A multi-output program
+    (attention's nine outputs) then checks only its tensor outputs, and builds no new tuple
+    when they already have their dtypes."""
+    if not isinstance(meta, tuple):
+        return None
+    if len(meta) == 3 and isinstance(meta[1], torch.dtype):       # one tensor
+        dtype = meta[1]
+        return lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype != dtype else x
+    parts = [(i, r) for i, r in enumerate(map(_rounder, meta)) if r is not None]
+
+    def many(xs):
+        if not isinstance(xs, (list, tuple)):
+            return _round(xs, meta)
+        out = None
+        for i, r in parts:
+            if i < len(xs):
+                v = r(xs[i])
+                if v is not xs[i]:
+                    if out is None:
+                        out = list(xs)
+                    out[i] = v
+        return xs if out is None else type(xs)(out)
+    return many
+
+
 def direct(fn, out_meta):
     # an aten overload's own C++ entry point: OpOverload.__call__ only forwards to it
     return fn._op if isinstance(fn, torch._ops.OpOverload) else fn
 
 
 def fp32(fn, out_meta):
+    rnd = _rounder(out_meta) or (lambda x: x)
+
     def run(*args, **kwargs):
-        return _round(fn(*_widen(args), **_widen(kwargs)), out_meta)
+        return rnd(fn(*_widen(args), **_widen(kwargs)))
     run.widened = True
     return run
 
@@ -68,8 +97,10 @@ def fp32(fn, out_meta):
 def custom(body, out_meta, widened: bool = True):
     """A custom program: its body computes in fp32 (``widened``: the caller passes its fp16/bf16
     operands widened) and the outputs round once, to ``out_meta``'s dtypes."""
+    rnd = _rounder(out_meta) or (lambda x: x)
+
     def run(*args, **kwargs):
-        return _round(body(*args, **kwargs), out_meta)
+        return rnd(body(*args, **kwargs))
     run.widened = widened
     return run
 
@@ -209,8 +240,10 @@ def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
             vr = vr * _dropout_scale(dropout_p)
         out = _bmm(w, vr).to(dtype)
         debug = w.to(dtype) if return_debug_mask else torch.empty(0, dtype=dtype)
+    if lse.shape != (B, H, L):
+        lse = lse.reshape(B, H, L)      # a view only where needed: a view is delivered copied
     empty_i = torch.empty(0, dtype=torch.int64)
-    return (out, lse.reshape(B, H, L), empty_i, empty_i.clone(), L, S,
+    return (out, lse, empty_i, empty_i.clone(), L, S,
             torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64), debug)
 
 

@@ -57,6 +57,7 @@ known_finite = _C.known_finite
 
 new_tensor = _C.new_tensor                 # (size, stride, dtype, index): host view from the pool
 new_device_tensor = _C.new_device_tensor   # (memory, nbytes, index): memory is the device block
+deliver_fresh = _C.deliver_fresh           # (result, index): a program's result as a new tensor
 wrap_host = _C.wrap_host                   # (cpu, index): cpu's storage is the host view
 storage_nbytes = _C.storage_nbytes         # (size, stride, itemsize)
 clear_host_pool = _C.host_pool_clear
