@@ -46,6 +46,56 @@ def test_out_op_with_resize():
     torch.testing.assert_close(out2.cpu(), torch.cumsum(x, 0))
 
 
+def _host_op_outcome(monkeypatch, general: bool):
+    """Results, events, residency and warnings of structured out= host ops (``cos.out`` through
+    the catch-all, ``sgn.out`` registered explicitly), on the lean route or the general one."""
+    from torch_rbln.dispatch import fallback
+    from torch_rbln.runtime.storage import state_of
+    lean = fallback._run_plain_out
+    taken = []
+
+    def route(*a):
+        res = None if general else lean(*a)
+        taken.append(res is not None)
+        return res
+    monkeypatch.setattr(fallback, "_run_plain_out", route)
+    torch.manual_seed(0)
+    x = torch.randn(4, 64)
+    out = []
+    with Events() as ev:
+        dx = rb(x) * 1.0                                  # device-latest: the read is a d2h
+        y = torch.cos(dx)                                 # the functional form's own output
+        o = torch.empty(4, 64, device="rbln")
+        torch.sgn(dx, out=o)                              # an out= of the right shape
+        a = rb(x)
+        torch.sin(a, out=a)                               # the output is the input
+        r = torch.empty(3, 64, device="rbln")
+        with pytest.warns(UserWarning, match="resized"):
+            torch.cos(dx, out=r)                          # resized, with PyTorch's warning
+        for t in (y, o, a, r):
+            out.append((t.cpu(), t.shape, state_of(t).residency))
+    counts = {k: ev.count(k) for k in ("host_op", "d2h", "h2d", "cpu_fallback", "dispatch")}
+    counts.update({k + " bytes": ev.amount(k) for k in ("d2h", "h2d")})
+    return out, counts, taken
+
+
+def test_structured_host_ops_take_the_lean_route_with_the_general_outcome(monkeypatch):
+    lean = _host_op_outcome(monkeypatch, general=False)
+    monkeypatch.undo()
+    general = _host_op_outcome(monkeypatch, general=True)
+    # the lean route served all but the resized output, which it left to the general one
+    assert lean[2] == [True, True, True, False] and not any(general[2])
+    assert lean[1] == general[1]
+    for (lv, ls, lr), (gv, gs, gr) in zip(lean[0], general[0]):
+        assert ls == gs and lr == gr
+        torch.testing.assert_close(lv, gv, rtol=0, atol=0)
+    torch.manual_seed(0)
+    x = torch.randn(4, 64)
+    want = [torch.cos(x), torch.sgn(x), torch.sin(x), torch.cos(x)]
+    for (v, _, _), w in zip(lean[0], want):
+        torch.testing.assert_close(v, w)
+
+
 def test_device_op_resize_warning_points_at_the_callers_line():
     a = rb(torch.ones(4, 64, dtype=torch.float16))
     out = torch.empty(3, 64, dtype=torch.float16, device="rbln")

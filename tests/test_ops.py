@@ -376,7 +376,7 @@ def test_nan_scan_finds_every_nonfinite_value_wherever_it_is(dtype):
     finite values and subnormals are not flagged."""
     from torch_rbln.dispatch.rules import has_nonfinite
     big = torch.finfo(dtype).max
-    for n in (1, 7, 8, 9, 31, 4096 + 5):
+    for n in (1, 7, 8, 9, 16, 17, 31, 33, 4096 + 5):
         for pos in sorted({0, n // 2, n - 1}):
             for bad in (float("nan"), float("inf"), -float("inf"), None):
                 x = torch.full((n,), big if pos % 2 else -big, dtype=dtype)

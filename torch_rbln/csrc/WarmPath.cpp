@@ -32,6 +32,7 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 #include <algorithm>
@@ -221,15 +222,54 @@ bool exponent_all_ones(const char* data, int64_t n, uint64_t mask) {
   return false;
 }
 
+#if defined(__SSE2__) && defined(__GNUC__)
+// The same scan 256 bits at a time, on CPUs with AVX2 (chosen at run time: the build targets
+// every x86-64); the elements past the last full vector go to the 128-bit scan.
+template <int Bits>
+__attribute__((target("avx2"))) bool exponent_all_ones_avx2(const char* data, int64_t n,
+                                                            uint64_t mask) {
+  const __m256i m = Bits == 16 ? _mm256_set1_epi16(static_cast<int16_t>(mask))
+                               : _mm256_set1_epi32(static_cast<int32_t>(mask));
+  const int64_t vecs = n / (256 / Bits);
+  constexpr int64_t kChunk = 256;
+  for (int64_t start = 0; start < vecs; start += kChunk) {
+    const int64_t end = std::min(vecs, start + kChunk);
+    __m256i hit = _mm256_setzero_si256();
+    for (int64_t i = start; i < end; ++i) {
+      const __m256i x = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i * 32)), m);
+      hit = _mm256_or_si256(hit, Bits == 16 ? _mm256_cmpeq_epi16(x, m) : _mm256_cmpeq_epi32(x, m));
+    }
+    if (_mm256_movemask_epi8(hit)) {
+      return true;
+    }
+  }
+  return exponent_all_ones<Bits>(data + vecs * 32, n - vecs * (256 / Bits), mask);
+}
+
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+
+template <int Bits>
+bool exponent_all_ones_fastest(const char* data, int64_t n, uint64_t mask) {
+  return kHasAvx2 ? exponent_all_ones_avx2<Bits>(data, n, mask)
+                  : exponent_all_ones<Bits>(data, n, mask);
+}
+#else
+template <int Bits>
+bool exponent_all_ones_fastest(const char* data, int64_t n, uint64_t mask) {
+  return exponent_all_ones<Bits>(data, n, mask);
+}
+#endif
+
 bool nonfinite_bits(const void* data, int64_t numel, c10::ScalarType d) {
   const auto* p = static_cast<const char*>(data);
   switch (d) {
     case at::kHalf:
-      return exponent_all_ones<16>(p, numel, 0x7C00);
+      return exponent_all_ones_fastest<16>(p, numel, 0x7C00);
     case at::kBFloat16:
-      return exponent_all_ones<16>(p, numel, 0x7F80);
+      return exponent_all_ones_fastest<16>(p, numel, 0x7F80);
     case at::kFloat:
-      return exponent_all_ones<32>(p, numel, 0x7F800000u);
+      return exponent_all_ones_fastest<32>(p, numel, 0x7F800000u);
     default:
       return exponent_all_ones<64>(p, numel, 0x7FF0000000000000ull);
   }

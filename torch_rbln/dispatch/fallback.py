@@ -267,6 +267,13 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     differs from an ``out=`` tensor that holds elements does the kernel run again on stand-ins
     shaped like the caller's, drawing the same random numbers: then its own rule applies
     (PyTorch's resize warning, or an error)."""
+    plain = _PLAIN_OUT.get(op)
+    if plain is None:
+        plain = _PLAIN_OUT[op] = _plain_structured_out(op)
+    if plain and kwargs:
+        res = _run_plain_out(op, plain, args, kwargs)
+        if res is not None:
+            return res
     ctx = _Ctx()
     cpu_args = _to_cpu(args, ctx)
     outs = _out_names(op) if kwargs else ()
@@ -286,6 +293,59 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     if op._schema.is_mutable:
         _mark_written(op, args, kwargs, ctx)
     return _to_rbln(layouts.checked(out, op.name()), ctx)
+
+
+_PLAIN_OUT: dict = {}
+
+
+def _plain_structured_out(op: torch._ops.OpOverload) -> str:
+    """The out= argument's name when ``op`` is a structured op's out= form whose CPU run
+    needs none of :func:`run_on_cpu`'s general machinery: one output, no generator, no host
+    twin, no list arguments (``cos.out``, ``sin.out``: what the structured functional op calls
+    with the output it allocated). '' otherwise."""
+    outs = _out_names(op)
+    if (len(outs) != 1 or not _structured_out(op) or _generator_slot(op) is not None
+            or _draws_from_cpu_default(op) or op.name() in _HOST_TWIN
+            or len(op._schema.returns) != 1):
+        return ""
+    for a in op._schema.arguments:
+        if isinstance(a.type, (torch._C.ListType, torch._C.OptionalType)) or a.name in (
+                "device", "generator", "memory_format", "layout", "pin_memory"):
+            return ""
+    return outs[0]
+
+
+def _run_plain_out(op, out_name: str, args, kwargs):
+    """:func:`run_on_cpu` for a :func:`_plain_structured_out` op, with the same reads, writes
+    and result: the inputs' host views, the kernel on a stand-in sized by the kernel, the
+    stand-in copied into the rbln output. None (nothing done) for any call it does not cover:
+    another keyword, a non-tensor device argument, a Python number in a tensor slot, an output
+    whose shape the kernel's differs from (the general path's resize rules apply)."""
+    o = kwargs.get(out_name)
+    if (len(kwargs) != 1 or not isinstance(o, torch.Tensor) or o.device.type != "rbln"
+            or number_in_tensor_slot(op, args)):
+        return None
+    for a in args:
+        if isinstance(a, (list, tuple, torch.device, torch.Generator)):
+            return None
+    cpu_args = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == "rbln":
+            st = state_of(a)
+            st.host_read()
+            a = st.host_alias(a)
+        cpu_args.append(a)
+    f = torch.empty(0, dtype=o.dtype)
+    res = cuda_dtypes.run(op, cpu_args, {out_name: f})
+    if res is not f or f.shape != o.shape:
+        # a resize (or a kernel returning something else): the general path, from the
+        # arguments' host views it now reads without a transfer (the op is pure)
+        return None
+    st = state_of(o)
+    st.host_write(whole=False)
+    st.host_alias(o).copy_(f)
+    layouts.checked(f, op.name())
+    return o
 
 
 def plain_functional(op: torch._ops.OpOverload, args, kwargs, result) -> bool:
