@@ -309,7 +309,7 @@ def _plain_structured_out(op: torch._ops.OpOverload) -> str:
             or len(op._schema.returns) != 1):
         return ""
     for a in op._schema.arguments:
-        if isinstance(a.type, (torch._C.ListType, torch._C.OptionalType)) or a.name in (
+        if isinstance(a.type, (torch.ListType, torch.OptionalType)) or a.name in (
                 "device", "generator", "memory_format", "layout", "pin_memory"):
             return ""
     return outs[0]
