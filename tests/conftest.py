@@ -82,6 +82,19 @@ def warm_path(on: bool):
         _C.set_warm_path(before)
 
 
+def event_delta(before: dict, after: dict, timed) -> dict:
+    """(kind, key) -> (count, amount) of the counters that moved between two
+    ``events.snapshot()``s; the amounts of the ``timed`` kinds (durations, which differ run to
+    run) are None."""
+    out = {}
+    for kind, table in after.items():
+        for key, (n, amount) in table.items():
+            n0, a0 = before[kind].get(key, [0, 0])
+            if n != n0:
+                out[(kind, key)] = (n - n0, None if kind in timed else amount - a0)
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -6,10 +6,9 @@ table's device-to-device rows."""
 
 from __future__ import annotations
 
-
 import torch
 
-from conftest import warm_path
+from conftest import event_delta, warm_path
 from torch_rbln import events
 from torch_rbln.runtime.storage import state_of
 
@@ -19,13 +18,7 @@ H = torch.float16
 
 def _delta(before, after) -> dict:
     """Counters that moved between two snapshots (runtime amounts are times: not compared)."""
-    d = {}
-    for kind, table in after.items():
-        for key, (n, amount) in table.items():
-            n0, a0 = before[kind].get(key, [0, 0])
-            if n != n0:
-                d[(kind, key)] = (n - n0, None if kind == "runtime" else amount - a0)
-    return d
+    return event_delta(before, after, {"runtime"})
 
 
 def _cases():

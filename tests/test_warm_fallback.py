@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import warm_path
+from conftest import event_delta, warm_path
 from torch_rbln import _C, events
 from torch_rbln.runtime.storage import state_of
 
@@ -26,13 +26,7 @@ TIMED = {"cpu_fallback", "recompile", "runtime"}     # amounts in ns: differ run
 
 
 def _delta(before, after) -> dict:
-    out = {}
-    for kind, table in after.items():
-        for key, (n, amount) in table.items():
-            n0, a0 = before[kind].get(key, [0, 0])
-            if n != n0:
-                out[(kind, key)] = (n - n0, None if kind in TIMED else amount - a0)
-    return out
+    return event_delta(before, after, TIMED)
 
 
 def _calls():

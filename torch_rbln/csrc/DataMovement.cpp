@@ -32,6 +32,9 @@ namespace torch_rbln {
 bool warm_path_on();                        // WarmPath.cpp: TORCH_RBLN_NATIVE_WARM_PATH
 bool spans_whole_storage(const at::Tensor& t);  // WarmPath.cpp: layout.spans_storage(t)
 bool spans_bytes(const at::Tensor& t, int64_t nbytes);  // layout.spans_storage(t, nbytes)
+// WarmPath.cpp: results.deliver_device of a fresh result (copied first unless it spans its own
+// storage and is no view)
+at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index);
 
 namespace {
 
@@ -94,11 +97,7 @@ void cat_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
       s->device_read();
       views.push_back(s->device_input_alias(t));
     }
-    at::Tensor res = at::cat(views, dim);
-    if (!spans_whole_storage(res)) {  // results.deliver_device
-      res = res.clone(at::MemoryFormat::Contiguous);
-    }
-    out = new_device_tensor(res, res.numel() * static_cast<int64_t>(res.itemsize()), index);
+    out = new_device_result(at::cat(views, dim), index);
     events::record(v2v_multi, std::chrono::duration_cast<std::chrono::nanoseconds>(
                                   std::chrono::steady_clock::now() - t0).count());
   } else {

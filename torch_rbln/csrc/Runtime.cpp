@@ -12,7 +12,9 @@ namespace py = pybind11;
 
 namespace torch_rbln {
 
-bool spans_whole_storage(const at::Tensor& t);  // WarmPath.cpp: layout.spans_storage(t)
+// WarmPath.cpp: results.deliver_device of a fresh result (copied first unless it spans its own
+// storage and is no view)
+at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index);
 
 namespace {
 
@@ -202,11 +204,7 @@ void bind_runtime(py::module_& m) {
     return new_device_tensor(mem, nbytes, index);
   });
   m.def("deliver_fresh", [](at::Tensor result, int index) {
-    if (result.is_view() || !spans_whole_storage(result)) {
-      result = result.clone(at::MemoryFormat::Contiguous);
-    }
-    return new_device_tensor(result, result.numel() * static_cast<int64_t>(result.itemsize()),
-                             index);
+    return new_device_result(std::move(result), static_cast<c10::DeviceIndex>(index));
   }, "results.deliver_device for a program result and no out=: a fresh tensor that spans its "
      "own storage becomes the device memory as it is; anything else is copied first.");
   m.def("wrap_host", [](const at::Tensor& cpu, int index) { return wrap_host(cpu, index); });

@@ -54,6 +54,9 @@ namespace py = pybind11;
 
 namespace torch_rbln {
 
+// results.deliver_device of a fresh result (defined below, with the layout helpers)
+at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index);
+
 namespace {
 
 enum class Mode : int8_t { Out = 0, Inplace = 1, Functional = 2 };
@@ -787,11 +790,7 @@ class WarmKernel final : public c10::OperatorKernel {
     }
     events::record_program(program_, call.index, t0);
     if (mode_ == Mode::Functional) {
-      if (!spans_own_storage(result)) {
-        result = result.clone(at::MemoryFormat::Contiguous);
-      }
-      const int64_t nbytes = result.numel() * static_cast<int64_t>(result.itemsize());
-      stack->emplace_back(new_device_tensor(result, nbytes, call.index));
+      stack->emplace_back(new_device_result(std::move(result), call.index));
       return;
     }
     const at::Tensor& out = args[out_arg_].toTensor();
@@ -887,6 +886,13 @@ bool spans_whole_storage(const at::Tensor& t) {
 
 bool spans_bytes(const at::Tensor& t, int64_t nbytes) {
   return spans(t, nbytes);
+}
+
+at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index) {
+  if (result.is_view() || !spans_own_storage(result)) {
+    result = result.clone(at::MemoryFormat::Contiguous);
+  }
+  return new_device_tensor(result, result.numel() * static_cast<int64_t>(result.itemsize()), index);
 }
 
 void bind_warm_path(py::module_& m) {
