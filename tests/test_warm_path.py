@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_script, warm_path
+from conftest import event_delta, run_script, warm_path
 from torch_rbln import _C, events
 
 D = "rbln"
@@ -119,12 +119,7 @@ def _run(seed: int, steps: int, on: bool):
     gc.collect()                    # only what the run itself still holds stays allocated
     torch.rbln.synchronize()
     mem1 = torch.rbln.memory_stats()
-    delta = {}
-    for kind, table in ev1.items():
-        for key, (n, amount) in table.items():
-            n0, a0 = ev0[kind].get(key, [0, 0])
-            if n != n0:
-                delta[(kind, key)] = (n - n0, None if kind in TIMED else amount - a0)
+    delta = event_delta(ev0, ev1, TIMED)
     mem = {k: mem1[k] - mem0.get(k, 0) for k in mem1 if not k.endswith(".peak")}
     return [(name, r.cpu()) for name, r in results], delta, mem
 
