@@ -66,3 +66,34 @@ def test_listener_sees_native_events_in_order_with_their_call_site():
     e = torch.ones(64, dtype=torch.float16, device=D)
     e + e
     assert events.total("h2d") == (counted[0] + 3, counted[1] + 384)
+
+
+def test_a_batch_counts_as_its_events_recorded_one_by_one():
+    # a compiled graph's per-call events: folded into one update per (kind, key) without a
+    # listener, each event in order (timed amounts filled in) with one
+    batch = events.Batch([("dispatch", "batch-op", 0), ("cpu_fallback_reason", "batch-why", 0),
+                          ("cpu_fallback", "batch-op", None), ("dispatch", "batch-op", 0),
+                          ("graph_node", "batch-node", 3)])
+
+    def counts():
+        c = events.counters
+        return (c["dispatch"].get("batch-op"), c["cpu_fallback_reason"].get("batch-why"),
+                c["cpu_fallback"].get("batch-op"), c["graph_node"].get("batch-node"))
+
+    events.record_batch(batch, 7)
+    events.record_batch(batch, 5)
+    assert counts() == ([4, 0], [2, 0], [2, 12], [2, 6])
+    seen = []
+
+    def listener(kind, key, amount):
+        seen.append((kind, key, amount))
+
+    events.listen(listener)
+    try:
+        events.record_batch(batch, 11)
+    finally:
+        events.unlisten(listener)
+    assert seen == [("dispatch", "batch-op", 0), ("cpu_fallback_reason", "batch-why", 0),
+                    ("cpu_fallback", "batch-op", 11), ("dispatch", "batch-op", 0),
+                    ("graph_node", "batch-node", 3)]
+    assert counts() == ([6, 0], [3, 0], [3, 23], [3, 9])

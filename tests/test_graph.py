@@ -401,3 +401,49 @@ def test_few_row_matmuls_keep_the_half_kernel_of_eager():
         eager = nn.functional.linear(x, w)
         graph = torch.compile(nn.functional.linear, backend="rbln")(x, w)
     assert torch.equal(graph.cpu(), eager.cpu())
+
+
+def test_results_keep_the_residency_their_values_reached():
+    # a device partition's result is the device's only (a read moves it to the host); one
+    # the host also read inside the graph is on both sides (a read moves nothing); each is
+    # an rbln tensor of its own that later eager ops and writes treat as any other
+    def f(x, w):
+        y = x @ w               # a device result, returned as is
+        s = torch.sin(y)        # read by the host: y's value is synced there
+        return y, y * 2, s
+
+    x = torch.randn(64, 128, dtype=torch.float16)
+    w = torch.randn(128, 64, dtype=torch.float16) * 0.1
+    xr, wr = x.to("rbln"), w.to("rbln")
+    compiled = torch.compile(f, backend="rbln", fullgraph=True)
+    compiled(xr, wr)
+    mem0 = torch.rbln.memory_allocated()
+    y, y2, s = compiled(xr, wr)
+    # y and y2 hold device memory; s, made on the host and never read by the device, has none
+    assert torch.rbln.memory_allocated() - mem0 == 2 * 64 * 64 * 2
+    states = [torch_rbln_state(t) for t in (y, y2, s)]
+    assert states == ["synced", "device", "host"], states
+    before = events.snapshot()
+    ref = f(x.float(), w.float())
+    for t, r in zip((y, y2, s), ref):
+        torch.testing.assert_close(_cpu(t), r, **TOL)
+    assert sum(n for _, n in _delta_amounts(before, "d2h")) == 64 * 64 * 2   # y2's bytes only
+    # each result owns its memory: writing one leaves the others and the next call alone
+    y.add_(1)
+    y2.zero_()
+    torch.testing.assert_close(_cpu(y), ref[0] + 1, **TOL)
+    y3, y4, _ = compiled(xr, wr)
+    torch.testing.assert_close(_cpu(y3), ref[0], **TOL)
+    torch.testing.assert_close(_cpu(y4), ref[1], **TOL)
+    assert not _cpu(y2).any()
+
+
+def torch_rbln_state(t) -> str:
+    from torch_rbln.runtime.storage import DEVICE, HOST, SYNCED, state_of
+    return {DEVICE: "device", HOST: "host", SYNCED: "synced"}[state_of(t).residency]
+
+
+def _delta_amounts(before: dict, kind: str) -> list:
+    now = events.snapshot()[kind]
+    return [(k, a - before[kind].get(k, [0, 0])[1]) for k, (n, a) in now.items()
+            if n != before[kind].get(k, [0, 0])[0]]

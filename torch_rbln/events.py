@@ -58,8 +58,8 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["record", "record_program", "record_copy", "span_start", "snapshot", "listen",
-           "unlisten", "counters", "total", "KINDS"]
+__all__ = ["record", "record_batch", "Batch", "record_program", "record_copy", "span_start",
+           "snapshot", "listen", "unlisten", "counters", "total", "KINDS"]
 
 KINDS = (
     "dispatch", "warm_hit", "recompile", "recompile_cause", "cpu_fallback", "cpu_fallback_reason",
@@ -93,6 +93,44 @@ def record(kind: str, key: str = "", amount: int = 0) -> None:
     if _listeners:
         for fn in _listeners:
             fn(kind, key, amount)
+
+
+class Batch:
+    """Events recorded together, the same ones on every call (a compiled graph's per-call
+    events): ``(kind, key, amount)`` each, ``amount`` None where :func:`record_batch` gives it
+    per call (a measured time). Recorded without listeners, a batch is one counter update per
+    distinct (kind, key); listeners see each event, in order, as :func:`record` would give it."""
+
+    __slots__ = ("events", "_folded")
+
+    def __init__(self, events):
+        self.events = tuple(events)
+        self._folded = None
+
+    def _fold(self) -> tuple:
+        groups: dict = {}
+        for kind, key, amount in self.events:
+            g = groups.setdefault((kind, key), [0, 0, 0])
+            g[0] += 1
+            if amount is None:
+                g[2] += 1
+            else:
+                g[1] += amount
+        with _lock:     # the counters are never replaced: their lists can be held
+            self._folded = tuple((_counters[kind].setdefault(key, [0, 0]), n, fixed, timed)
+                                 for (kind, key), (n, fixed, timed) in groups.items())
+        return self._folded
+
+
+def record_batch(batch: Batch, timed: int = 0) -> None:
+    """Record every event of ``batch``; ``timed`` is the amount of those whose amount is None."""
+    if _listeners:
+        for kind, key, amount in batch.events:
+            record(kind, key, timed if amount is None else amount)
+        return
+    for c, n, fixed, t in batch._folded or batch._fold():
+        c[0] += n
+        c[1] += fixed + t * timed
 
 
 # the profiler's tap: on while a profiling session records device activity (set by the native

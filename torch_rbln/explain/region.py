@@ -41,6 +41,7 @@ class RBLNExplain:
         self.label = label      # shown in the report's header (e.g. ``rank 1/2``)
         self._state = "new"        # new -> open -> closed (a closed region may be started again)
         self._dump: dict | None = None
+        self._ended: tuple | None = None    # (before, after, wall, sites, levels) at stop()
         self._recorder: callsites.Recorder | None = None
         self._before: dict = {}
         self._t0 = 0
@@ -58,7 +59,7 @@ class RBLNExplain:
                     raise RuntimeError(OVERLAP)
                 _active = self
         try:
-            self._dump = None
+            self._dump = self._ended = None
             if self.with_stack:
                 self._recorder = callsites.Recorder()
                 events.listen(self._recorder)
@@ -75,11 +76,12 @@ class RBLNExplain:
         if self._state != "open":
             raise RuntimeError("region is not open -- call start() (or enter the with-block) first")
         try:
+            # what only the end can tell is read now; the dump is worked out from it when first
+            # read (a region in a loop that nobody reads costs two snapshots)
             after = events.snapshot()
-            sites = self._recorder.sites if self._recorder is not None else {}
-            self._dump = measure.build_dump(self._before, after, wall, sites)
-            if self.label:
-                self._dump["label"] = self.label
+            sites = dict(self._recorder.sites) if self._recorder is not None else {}
+            self._ended = (self._before, after, wall, sites, measure.levels())
+            self._dump = None
         finally:
             self._release()
             self._state = "closed"
@@ -108,7 +110,12 @@ class RBLNExplain:
         if self._state == "open":
             raise RuntimeError(STILL_OPEN)
         if self._dump is None:
-            raise RuntimeError("region was never run -- use it as a with-block or call start()/stop()")
+            if self._ended is None:
+                raise RuntimeError(
+                    "region was never run -- use it as a with-block or call start()/stop()")
+            self._dump = measure.build_dump(*self._ended[:4], at_end=self._ended[4])
+            if self.label:
+                self._dump["label"] = self.label
         return self._dump
 
     def dump(self) -> dict:
@@ -137,7 +144,7 @@ class RBLNExplain:
         if self._state == "open":
             return (f"<RBLNExplain active (trace={self.with_stack}); "
                     "read the report after the region closes>")
-        if self._dump is None:
+        if self._ended is None:
             return f"<RBLNExplain not started (trace={self.with_stack})>"
         return self.report()
 

@@ -66,6 +66,9 @@ class GraphProgram:
         self.outer = outer
         self.device_parts = device_parts
         self.per_call = per_call    # (kind, key, amount): where the nodes ran, the padding
+        # every call's events: one launch per device partition, then per_call
+        self.events = events.Batch((("dispatch", key, 0), ("warm_hit", key, 0)) * len(device_parts)
+                                   + tuple(per_call))
         self.stale = False
         # AOTAutograd passes the arguments as one list (an instance attribute: its wrappers copy
         # the callee's __dict__)
@@ -86,11 +89,7 @@ class GraphProgram:
     def __call__(self, args):
         if self.stale:
             self.build()
-        for _ in self.device_parts:           # one launch per device partition
-            events.record("dispatch", self.key)
-            events.record("warm_hit", self.key)
-        for kind, key, amount in self.per_call:
-            events.record(kind, key, amount)
+        events.record_batch(self.events)
         return self.outer.forward(*args)     # skips nn.Module's call machinery
 
 
@@ -166,6 +165,21 @@ def _rbln_outputs(sub: torch.fx.GraphModule) -> tuple:
                  for v in _output_values(sub))
 
 
+def _may_alias(sub: torch.fx.GraphModule, args) -> bool:
+    """Whether a result of the partition (called on the outer graph's nodes ``args``) may be a
+    view of one of its inputs: a traced result sharing a traced input's storage. A value
+    without a trace counts as one that may."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    ins = [a.meta.get("val") for a in args if isinstance(a, torch.fx.Node)]
+    outs = _output_values(sub)
+    if any(v is None for v in (*ins, *outs)):
+        return True
+    storages = {StorageWeakRef(v.untyped_storage()) for v in ins if isinstance(v, torch.Tensor)}
+    return any(isinstance(v, torch.Tensor) and StorageWeakRef(v.untyped_storage()) in storages
+               for v in outs)
+
+
 def _spec_shape(t: torch.Tensor) -> tuple:
     return tuple(int(s) if not isinstance(s, torch.SymInt) else str(s) for s in t.shape)
 
@@ -231,13 +245,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
         sub = getattr(gm, node.target)
         use_custom_kernels(sub, placed, index)
         rbln_out = _rbln_outputs(sub)
+        fakes = [a.meta.get("val") for a in node.args]
+        aliases = _may_alias(sub, node.args)
         if node.target in dev_names:
-            fakes = [a.meta.get("val") for a in node.args]
             pad = _padding(sub)
             if pad:
                 padded.append((node.target, pad))
             part = DevicePartition(node.target, rbln_out, index, f"{key} {node.target}",
-                                   lambda sub=sub, fakes=fakes: _inductor(sub, fakes, fake_mode))
+                                   lambda sub=sub, fakes=fakes: _inductor(sub, fakes, fake_mode),
+                                   aliases)
             part.build()
             device_parts.append(part)
         else:
@@ -247,9 +263,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, kind: str
             run = None
             if compilable(sub):
                 # the same ops on the same host, without a Python call per op
-                fakes = [a.meta.get("val") for a in node.args]
                 run = _inductor(sub, fakes, fake_mode, device_side=False)[0]
-            part = HostPartition(node.target, rbln_out, index, sub, ops, run)
+            part = HostPartition(node.target, rbln_out, index, sub, ops, run, aliases)
             host_ops.extend((p.op, p.reason) for p in part.ops)
             host_parts += 1
         # called as a plain function from the outer graph: no nn.Module call per partition

@@ -20,16 +20,18 @@ import torch
 
 from .. import events
 from ..dispatch.layout import spans_storage
-from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, device_input_widened,
-                               new_tensor, state_of, storage_nbytes, wrap_host)
+from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, deliver_fresh, device_input,
+                               device_input_widened, host_input, state_of, storage_nbytes,
+                               wrap_host)
 from .placement import NO_KERNEL, Placement
 
-_record = events.record
+_record_batch = events.record_batch
 _record_copy = events.record_copy
 _record_program = events.record_program
 _span_start = events.span_start
 _perf_ns = time.perf_counter_ns
 _as_strided = torch.ops.aten.as_strided.default._handle
+_Tensor = torch.Tensor
 
 
 class Staged:
@@ -58,36 +60,38 @@ class _Partition:
 
     device_side: bool
 
-    def __init__(self, name: str, rbln_out: tuple, index: int):
+    def __init__(self, name: str, rbln_out: tuple, index: int, aliases: bool = True):
         self.name = self.__name__ = name
         self.rbln_out = rbln_out     # per result: does the graph expect it on rbln?
         self.index = index           # the NPU (rbln:index) the graph runs on
+        # whether a result may be a view of an input (traced values that share a storage):
+        # only then are the inputs' memories matched against the results
+        self.aliases = aliases
+        self._input = device_input if self.device_side else host_input
 
     widened: frozenset = frozenset()    # positions the program takes in fp32 (rewrite.py)
 
     def _bind(self, args):
-        cpu_args, owners = [], {}
+        cpu_args = []
+        owners = {} if self.aliases else None
+        read = self._input          # this side's read (an h2d or d2h where due), then an alias
         device_side = self.device_side
         widened = self.widened
         for i, a in enumerate(args):
-            if widened and i in widened:
-                # the kept widened form of a weight (converted here for anything else)
-                if isinstance(a, torch.Tensor) and a.device.type == "rbln":
-                    a = device_input_widened(a)
-                else:
-                    a = (a.read(True, self.index) if type(a) is Staged else a).float()
-            elif type(a) is Staged:
+            if type(a) is Staged:
                 a = a.read(device_side, self.index)
-            elif isinstance(a, torch.Tensor) and a.device.type == "rbln":
-                b = state_of(a)
-                if device_side:
-                    b.device_read()
-                    c = b.device_alias(a)
+                if widened and i in widened:
+                    a = a.float()
+            elif isinstance(a, _Tensor) and a.get_device() >= 0:     # rbln (CPU: -1)
+                if widened and i in widened:
+                    a = device_input_widened(a)     # the kept widened form of a weight
                 else:
-                    b.host_read()
-                    c = b.host_alias(a)
-                owners.setdefault(c.untyped_storage().data_ptr(), a)
-                a = c
+                    c = read(a)
+                    if owners is not None:
+                        owners.setdefault(c.untyped_storage().data_ptr(), a)
+                    a = c
+            elif widened and i in widened:
+                a = a.float()
             cpu_args.append(a)
         return cpu_args, owners
 
@@ -111,8 +115,8 @@ class DevicePartition(_Partition):
 
     device_side = True
 
-    def __init__(self, name, rbln_out, index, key, compile_fn):
-        super().__init__(name, rbln_out, index)
+    def __init__(self, name, rbln_out, index, key, compile_fn, aliases: bool = True):
+        super().__init__(name, rbln_out, index, aliases)
         self.key = key                  # the program's name in events (`device_program`)
         self.compile_fn = compile_fn    # () -> (callable on CPU tensors, widened positions)
         self.fn = None
@@ -139,41 +143,41 @@ class HostPartition(_Partition):
     device_side = False
 
     def __init__(self, name, rbln_out, index, gm: torch.fx.GraphModule, ops: list[Placement],
-                 run=None):
-        super().__init__(name, rbln_out, index)
+                 run=None, aliases: bool = True):
+        super().__init__(name, rbln_out, index, aliases)
         self.gm = gm
         self.run = run if run is not None else gm
         self.ops = [p for p in ops if p.where == "host"]
+        # per op, as eager's fallback records it; each op's time is its share of the run's
+        self.events = events.Batch(
+            ev for p in self.ops for ev in (
+                *((("dispatch", p.op, 0),) if p.reason != NO_KERNEL else ()),
+                ("cpu_fallback_reason", p.reason, 0), ("cpu_fallback", p.op, None)))
 
     def __call__(self, *args):
         cpu_args, owners = self._bind(args)
         t0 = _perf_ns()
         res = self._deliver(self.run(*cpu_args), owners)
         if self.ops:
-            share = (_perf_ns() - t0) // len(self.ops)
-            for p in self.ops:
-                if p.reason != NO_KERNEL:
-                    _record("dispatch", p.op)
-                _record("cpu_fallback_reason", p.reason)
-                _record("cpu_fallback", p.op, share)
+            _record_batch(self.events, (_perf_ns() - t0) // len(self.ops))
         return res
 
 
 def materialize(s: Staged, index: int) -> torch.Tensor:
     """A staged value as an rbln tensor on ``rbln:index`` whose storage has the residency
     reached."""
-    o = s.t if spans_storage(s.t) else s.t.clone(memory_format=torch.contiguous_format)
     if s.on_device:
-        t = new_tensor(tuple(o.size()), tuple(o.stride()), o.dtype, index)
-        b = state_of(t)
-        b.adopt_device(o)
-        if s.state == SYNCED:             # the host already holds a copy too
-            b.host_alias(t).copy_(o)
-    else:
-        t = wrap_host(o, index)
-        b = state_of(t)
-        if s.state == SYNCED:             # the device already holds a copy too
-            b.adopt_device(o.clone())
+        # as an eager program's fresh output: its memory (copied first unless it spans its own
+        # storage) is the device memory and the host view at once
+        t = deliver_fresh(s.t, index)
+        if s.state == SYNCED:             # the host already read it: both sides hold it
+            state_of(t).residency = SYNCED
+        return t
+    o = s.t if spans_storage(s.t) else s.t.clone(memory_format=torch.contiguous_format)
+    t = wrap_host(o, index)
+    b = state_of(t)
+    if s.state == SYNCED:             # the device already holds a copy too
+        b.adopt_device(o.clone())
     b.residency = s.state
     return t
 
