@@ -121,15 +121,55 @@ def test_a_guard_scope_takes_the_python_path():
 def test_a_listener_sees_every_event_of_a_cached_fallback():
     x = _warmed()
     seen = []
-    events.listen(lambda *e: seen.append(e[:2]))
+
+    def listener(*e):
+        seen.append(e[:2])
+
+    events.listen(listener)
     try:
         n = _C.warm_path_replayed()
         x * x
         assert _C.warm_path_replayed() == n
     finally:
-        events._set_listeners(())
+        events.unlisten(listener)
     assert ("cpu_fallback_reason", "dtype-not-fp16") in seen
     assert ("cpu_fallback", "aten::mul.out") in seen
+
+
+def test_a_passive_listener_keeps_the_native_paths_and_sees_the_same_events():
+    # explain's call-site capture only reads events: the native paths keep serving it (warm
+    # device ops, replayed fallbacks, cat, device copies) and hand it the events the Python
+    # kernels give an active listener, in the same order
+    x = _warmed()
+    h = torch.full((4, 64), 0.5, dtype=H, device=D)
+    h + h
+    torch.cat([h, h])
+
+    def calls():
+        x * x                            # a replayed fallback
+        y = h + h                        # a warm device op
+        torch.cat([y, h]).to(torch.float32)   # native cat, a device copy
+        return y
+
+    streams = {}
+    for passive in (False, True):
+        seen = []
+
+        def listener(kind, key, amount):
+            seen.append((kind, key, amount if kind not in TIMED else None))
+
+        n = _C.warm_path_replayed()
+        events.listen(listener, passive=passive)
+        try:
+            calls()
+            replayed = _C.warm_path_replayed() - n
+        finally:
+            events.unlisten(listener)
+        streams[passive] = seen
+        assert replayed == (1 if passive else 0)
+    assert streams[True] == streams[False]
+    assert ("cpu_fallback", "aten::mul.out", None) in streams[True]
+    assert ("warm_hit", "aten::add.out", 0) in streams[True]
 
 
 def test_a_skipped_rule_takes_the_python_path(monkeypatch):

@@ -79,6 +79,9 @@ _native_listening: Callable[[bool], None] | None = None
 # Listeners are called as fn(kind, key, amount) after the counter moved. The tuple is
 # replaced, never mutated, so record() can iterate it without a lock.
 _listeners: tuple[Callable[[str, str, int], None], ...] = ()
+# the passive ones among them: they only read events (explain's call-site capture), so the
+# native paths keep serving while only they listen and hand them their events
+_passive: tuple[Callable[[str, str, int], None], ...] = ()
 
 
 def record(kind: str, key: str = "", amount: int = 0) -> None:
@@ -191,11 +194,19 @@ def _fold() -> None:
             c[1] += amount
 
 
-def connect_native(drain: Callable[[], list], set_listening: Callable[[bool], None]) -> None:
-    """Called once by the runtime when the native core loads."""
+def connect_native(drain: Callable[[], list],
+                   set_listening: Callable[[bool, bool], None]) -> None:
+    """Called once by the runtime when the native core loads: ``set_listening(listening,
+    python_path)`` tells it whether events go to Python and whether a listener needs every
+    decision made by the Python kernels."""
     global _native_drain, _native_listening
     _native_drain, _native_listening = drain, set_listening
-    set_listening(bool(_listeners))
+    _tell_native()
+
+
+def _tell_native() -> None:
+    if _native_listening is not None:
+        _native_listening(bool(_listeners), any(f not in _passive for f in _listeners))
 
 
 def __getattr__(name: str):
@@ -214,21 +225,27 @@ def snapshot() -> dict[str, dict[str, list[int]]]:
         return {kind: {key: c[:] for key, c in table.items()} for kind, table in _counters.items()}
 
 
-def _set_listeners(fns: tuple) -> None:
-    global _listeners
-    _listeners = fns
-    if _native_listening is not None:
-        _native_listening(bool(fns))
+def listen(fn: Callable[[str, str, int], None], passive: bool = False) -> None:
+    """Call ``fn(kind, key, amount)`` for every event from now on, on the recording thread.
 
-
-def listen(fn: Callable[[str, str, int], None]) -> None:
+    A listener may act on an event (the fallback log writes, a guard raises): then every op
+    takes its Python kernel, where each decision is made and recorded in order. A ``passive``
+    one only reads the events and must not raise: the native paths keep serving while only
+    passive listeners are attached, handing them the same events in the same order."""
+    global _listeners, _passive
     with _lock:
-        _set_listeners(_listeners + (fn,))
+        _listeners = _listeners + (fn,)
+        if passive:
+            _passive = _passive + (fn,)
+        _tell_native()
 
 
 def unlisten(fn: Callable[[str, str, int], None]) -> None:
+    global _listeners, _passive
     with _lock:
-        _set_listeners(tuple(f for f in _listeners if f is not fn))
+        _listeners = tuple(f for f in _listeners if f is not fn)
+        _passive = tuple(f for f in _passive if f is not fn)
+        _tell_native()
 
 
 def total(kind: str) -> tuple[int, int]:

@@ -59,7 +59,7 @@ void cat_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::
   // cat(Tensor[] tensors, int dim=0)
   const auto& tl = (*stack)[stack->size() - 2];
   const auto& dim_v = (*stack)[stack->size() - 1];
-  if (!warm_path_on() || events::detail::listening.load(std::memory_order_relaxed) ||
+  if (!warm_path_on() || events::python_path_wanted() ||
       !tl.isTensorList() || !dim_v.isInt()) {
     return to_python(op, stack);
   }
@@ -123,7 +123,7 @@ void copy_from_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
   const size_t n = op.schema().arguments().size();
   const auto& sv = (*stack)[stack->size() - n];
   const auto& dv = (*stack)[stack->size() - n + 1];
-  if (!warm_path_on() || events::detail::listening.load(std::memory_order_relaxed) ||
+  if (!warm_path_on() || events::python_path_wanted() ||
       !sv.isTensor() || !dv.isTensor()) {
     return to_python(op, stack);
   }

@@ -19,6 +19,7 @@ std::atomic<Forward> forward_fn{nullptr};
 
 namespace detail {
 std::atomic<bool> listening{false};
+std::atomic<bool> python_path{false};
 
 void forward(const Counter& c, int64_t amount) {
   Forward fn = forward_fn.load();
@@ -45,7 +46,8 @@ void set_forward(Forward forward) {
   forward_fn.store(forward);
 }
 
-void set_listening(bool listening) {
+void set_listening(bool listening, bool python_path) {
+  detail::python_path.store(python_path);
   detail::listening.store(listening);
 }
 

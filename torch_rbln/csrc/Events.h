@@ -26,12 +26,22 @@ Counter* counter(const std::string& kind, const std::string& key);
 // (the fallback log, call-site capture), events reach it in order and from the recording thread.
 using Forward = void (*)(const Counter&, int64_t amount);
 void set_forward(Forward forward);
-void set_listening(bool listening);
+// `listening`: some listener is attached (events go to Python); `python_path`: one of them needs
+// every decision made by the Python kernels (the fallback log, a guard scope), so the native
+// paths step aside. A passive listener (explain's call-site capture) only reads the events: the
+// native paths keep serving and hand it theirs.
+void set_listening(bool listening, bool python_path);
 
 namespace detail {
 extern std::atomic<bool> listening;
+extern std::atomic<bool> python_path;
 void forward(const Counter& c, int64_t amount);
 }  // namespace detail
+
+// Whether the native paths leave this call to the Python kernels for a listener's sake.
+inline bool python_path_wanted() {
+  return detail::python_path.load(std::memory_order_relaxed);
+}
 
 // Count one event: two relaxed atomic adds, or the Python stream while it has a listener.
 inline void record(Counter* c, int64_t amount = 0) {

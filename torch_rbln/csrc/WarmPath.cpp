@@ -517,7 +517,7 @@ class WarmKernel final : public c10::OperatorKernel {
   // here is the Python path's to decide (and report).
   bool admissible(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
                   std::vector<int64_t>& key, Call& call) {
-    if (events::detail::listening.load(std::memory_order_relaxed) || checks_disabled() ||
+    if (events::python_path_wanted() || checks_disabled() ||
         program_depth > 0 || c10::impl::TorchDispatchModeTLS::stack_len() > 0 || tracing()) {
       return false;
     }

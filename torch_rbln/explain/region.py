@@ -62,7 +62,7 @@ class RBLNExplain:
             self._dump = self._ended = None
             if self.with_stack:
                 self._recorder = callsites.Recorder()
-                events.listen(self._recorder)
+                events.listen(self._recorder, passive=True)   # reads only
             self._state = "open"
             self._before = events.snapshot()
             self._t0 = time.perf_counter_ns()
