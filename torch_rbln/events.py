@@ -189,7 +189,10 @@ def _fold() -> None:
         return
     with _lock:
         for kind, key, n, amount in deltas:
-            c = _counters[kind].setdefault(key, [0, 0])
+            table = _counters[kind]
+            c = table.get(key)
+            if c is None:
+                c = table[key] = [0, 0]
             c[0] += n
             c[1] += amount
 

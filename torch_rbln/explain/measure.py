@@ -154,14 +154,16 @@ def _recompile_causes(moved: dict[str, tuple[int, int]], order: dict[str, int],
 
 
 def levels() -> dict:
-    """What a region reads as levels at its end (not deltas): device memory, host threads."""
-    return {"device_memory": device_memory(), "host_threads": host_threads()}
+    """What a region reads as a level at its end (not a delta): device memory."""
+    return {"device_memory": device_memory()}
 
 
 def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str],
                at_end: dict | None = None) -> dict:
     """The region's dump from the counters at its start and end; ``at_end``: :func:`levels`
-    read when it closed (read now when None)."""
+    read when it closed (read now when None). The host's threads are read when the dump is
+    built (a region's first read): a process's thread setup outlives its regions, and listing
+    its threads costs more the more it has (Inductor's compile workers)."""
     if at_end is None:
         at_end = levels()
     bounce = _delta(before, after, "bounce")
@@ -205,7 +207,7 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
         "trace_by_op": {k: v for k, v in trace.items() if k not in causes},
         "runtime_residency": residency,
         "device_memory": at_end["device_memory"],
-        "host_threads": at_end["host_threads"],
+        "host_threads": host_threads(),
     }
     graph = _graph(before, after)
     if graph:
