@@ -232,3 +232,51 @@ if __name__ == "__main__":            # one seed of the agreement test, in its o
 
     agree(int(sys.argv[1]))
     print("agree", sys.argv[1])
+
+
+def _attention_calls(on: bool):
+    """Attention's device op, warm, both ways from an empty program cache: GQA and not, causal
+    and not, a given scale, a non-contiguous value, fp16 and bf16, a host-latest operand, and
+    the calls it leaves to the Python program (a mask, dropout)."""
+    torch.manual_seed(0)
+    torch.rbln.empty_cache()
+    ov = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+    out = []
+    gc.collect()
+    ev0 = events.snapshot()
+    served = _C.warm_path_served()
+    with warm_path(on):
+        for dtype in (torch.float16, torch.bfloat16):
+            q = torch.randn(2, 4, 64, 32).to(dtype).to(D)
+            k = torch.randn(2, 2, 64, 32).to(dtype).to(D)
+            v = torch.randn(2, 64, 2, 32).to(dtype).to(D).transpose(1, 2)     # a view
+            k4 = torch.randn(2, 4, 32, 32).to(dtype).to(D)
+            mask = torch.randn(64, 64).to(dtype).to(D)
+            calls = [lambda: ov(q, k, v, None, 0.0, True, False),
+                     lambda: ov(q, k4, k4, None, 0.0, False, False, scale=0.3),
+                     lambda: ov(q, k, v, mask, 0.0, False, False),
+                     lambda: ov(q, k, v, None, 0.5, True, False)]
+            for _ in range(3):
+                for c in calls:
+                    out.append(c())
+            q.copy_(torch.randn(2, 4, 64, 32))       # host-latest again: pushed at the next read
+            out.append(calls[0]())
+    took = _C.warm_path_served() - served
+    delta = event_delta(ev0, events.snapshot(), TIMED)
+    # the philox seed and offset of a call without dropout are empty scalars (uninitialised)
+    return [[(t.cpu() if i not in (6, 7) else t.shape) if isinstance(t, torch.Tensor) else t
+             for i, t in enumerate(r)] for r in out], delta, took
+
+
+def test_warm_attention_is_served_natively_with_the_python_programs_results_and_events():
+    warm, warm_events, took = _attention_calls(True)
+    python, python_events, none = _attention_calls(False)
+    assert none == 0 and took == 2 * (2 * 2 + 1)     # the plain calls after their first, per dtype
+    assert warm_events == python_events
+    assert len(warm) == len(python)
+    for a, b in zip(warm, python):
+        for x, y in zip(a, b):
+            if isinstance(x, torch.Tensor):
+                assert x.dtype == y.dtype and x.stride() == y.stride() and torch.equal(x, y)
+            else:
+                assert x == y

@@ -61,8 +61,9 @@ namespace {
 
 enum class Mode : int8_t { Out = 0, Inplace = 1, Functional = 2 };
 // Direct: the functional op on device aliases; Matmul: the same, with fp32 operands and one
-// rounding for the dtypes this CPU has no native GEMM for (executors.matmul)
-enum class Form : int8_t { Direct = 0, Matmul = 1 };
+// rounding for the dtypes this CPU has no native GEMM for (executors.matmul); Sdpa: the device
+// attention op's program without mask or dropout (executors.sdpa_forward's fused form)
+enum class Form : int8_t { Direct = 0, Matmul = 1, Sdpa = 2 };
 
 // ------------------------------------------------------------------------------------------
 // process-wide switches and the state shared with the Python path
@@ -504,7 +505,11 @@ class WarmKernel final : public c10::OperatorKernel {
     events::record(dispatch_);
     events::record(warm_hit_);
     served.fetch_add(1, std::memory_order_relaxed);
-    run(schema, stack, n, call);
+    if (form_ == Form::Sdpa) {
+      run_attention(stack, n, call);
+    } else {
+      run(schema, stack, n, call);
+    }
   }
 
   void clear() {
@@ -520,6 +525,9 @@ class WarmKernel final : public c10::OperatorKernel {
     if (events::python_path_wanted() || checks_disabled() ||
         program_depth > 0 || c10::impl::TorchDispatchModeTLS::stack_len() > 0 || tracing()) {
       return false;
+    }
+    if (form_ == Form::Sdpa && !plain_attention(args)) {
+      return false;  // a mask, dropout, the debug weights or not 4-D: the Python program's
     }
     const int dep = deploy();
     if (dep < 0) {
@@ -811,6 +819,58 @@ class WarmKernel final : public c10::OperatorKernel {
     stack->emplace_back(out);
   }
 
+  // _scaled_dot_product_fused_attention_overrideable(q, k, v, attn_bias, dropout_p, is_causal,
+  // return_debug_mask, *, scale): the calls the native program takes
+  static bool plain_attention(c10::ArrayRef<c10::IValue> args) {
+    if (args.size() < 8 || !args[0].isTensor() || args[0].toTensor().dim() != 4 ||
+        !args[3].isNone() || !args[4].isDouble() || args[4].toDouble() != 0.0 ||
+        !args[5].isBool() || !args[6].isBool() || args[6].toBool()) {
+      return false;
+    }
+    return args[7].isNone() || args[7].isDouble();
+  }
+
+  // the attention program (executors.sdpa_forward without mask or dropout: the host's fused
+  // kernel on the widened operands, the output rounded once) and its nine results delivered
+  // (device_op.kernel, results.deliver_device)
+  void run_attention(torch::jit::Stack* stack, size_t n, const Call& call) {
+    auto args = torch::jit::pop(*stack, n);
+    at::Tensor in[3];  // q, k, v: their kept widened forms, as the Python program reads them
+    for (int i = 0; i < 3; ++i) {
+      const at::Tensor& t = args[i].toTensor();
+      StorageState* s = state_of(t);
+      s->device_read();
+      in[i] = (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)
+                  ? s->device_input_widened(t)
+                  : s->device_input_alias(t);
+    }
+    const bool is_causal = args[5].toBool();
+    const double scale = args[7].isNone() ? 1.0 / std::sqrt(static_cast<double>(in[0].size(-1)))
+                                          : args[7].toDouble();
+    const int64_t t0 = events::span_start();
+    at::Tensor out, lse;
+    {
+      Depth depth;
+      std::tie(out, lse) = at::_scaled_dot_product_flash_attention_for_cpu(
+          in[0], in[1], in[2], 0.0, is_causal, std::nullopt, scale);
+      out = out.to(call.dtype);
+    }
+    const int64_t L = in[0].size(2), S = in[1].size(2);
+    const auto i64 = at::TensorOptions().dtype(at::kLong);
+    at::Tensor results[] = {out, lse, at::empty({0}, i64), at::empty({0}, i64),
+                            at::empty({}, i64), at::empty({}, i64),
+                            at::empty({0}, at::TensorOptions().dtype(call.dtype))};
+    events::record_program(program_, call.index, t0);
+    for (int i = 0; i < 4; ++i) {
+      stack->emplace_back(new_device_result(std::move(results[i]), call.index));
+    }
+    stack->emplace_back(c10::SymInt(L));
+    stack->emplace_back(c10::SymInt(S));
+    for (int i = 4; i < 7; ++i) {
+      stack->emplace_back(new_device_result(std::move(results[i]), call.index));
+    }
+  }
+
   struct Depth {
     Depth() { ++program_depth; }
     ~Depth() { --program_depth; }
@@ -903,8 +963,13 @@ void bind_warm_path(py::module_& m) {
           auto op = find_op(name);
           auto fn = find_op(fn_name);
           const auto& args = op.schema().arguments();
-          TORCH_CHECK(op.schema().returns().size() == 1 && fn.schema().returns().size() == 1,
+          TORCH_CHECK(static_cast<Form>(form) == Form::Sdpa ||
+                          (op.schema().returns().size() == 1 && fn.schema().returns().size() == 1),
                       name, ": the warm path serves ops with one result");
+          TORCH_CHECK(static_cast<Form>(form) != Form::Sdpa ||
+                          (name == "_scaled_dot_product_fused_attention_overrideable" &&
+                           static_cast<Mode>(mode) == Mode::Functional),
+                      name, ": the attention form serves the device attention op");
           int out_arg = -1;
           if (static_cast<Mode>(mode) == Mode::Out) {
             for (size_t i = 0; i < args.size(); ++i) {

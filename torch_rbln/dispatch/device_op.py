@@ -216,9 +216,15 @@ def make_kernel(entry: OpEntry, registered_name: str):
 # the matrix units' (that op, widened to fp32 for the dtypes executors.matmul_precision widens).
 _WARM_FORMS = {"direct": 0, "matmul": 1}
 _MODES = {"out": 0, "inplace": 1, "functional": 2}
+# the attention program without mask or dropout (executors.sdpa_forward's fused form): its
+# gate decides on shapes and dtypes alone, which the key holds, and a key enters the native
+# cache only once the Python kernel ran a device program for it
+_SDPA_FORM = 2
 
 
 def _warm_form(entry: OpEntry) -> int | None:
+    if entry.kernel == "sdpa":
+        return _SDPA_FORM
     if entry.name in rules.GATES or entry.operands or entry.name == "div.out_mode":
         return None     # decisions the native path does not repeat: the gate, rounding modes
     return _WARM_FORMS.get(entry.kernel)
@@ -239,7 +245,7 @@ def register_warm_path() -> set:
             continue
         for name in (e.name, *e.aliases):
             registered = overload(name)
-            if len(registered._schema.returns) != 1:
+            if len(registered._schema.returns) != 1 and form != _SDPA_FORM:
                 continue
             mode = e.out if name == e.name else "functional"
             # a matmul's left operand (its rows decide widening) and whether it is batched
