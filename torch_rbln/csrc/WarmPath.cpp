@@ -767,13 +767,7 @@ class WarmKernel final : public c10::OperatorKernel {
       if (v.isTensor() && !schema.arguments()[i].kwarg_only()) {
         const auto& t = v.toTensor();
         if (t.defined() && t.is_privateuseone()) {
-          StorageState* s = state_of(t);
-          s->device_read();
-          if (widen && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)) {
-            inputs[i] = s->device_input_widened(t);  // kept if read again
-          } else {
-            inputs[i] = s->device_input_alias(t);
-          }
+          inputs[i] = program_operand(t, widen);
         }
       }
     }
@@ -819,6 +813,17 @@ class WarmKernel final : public c10::OperatorKernel {
     stack->emplace_back(out);
   }
 
+  // a program's operand (device_op.kernel): its device read, then its alias, or for a widening
+  // program a half-precision operand's kept fp32 form (kept if read again)
+  static at::Tensor program_operand(const at::Tensor& t, bool widen) {
+    StorageState* s = state_of(t);
+    s->device_read();
+    if (widen && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)) {
+      return s->device_input_widened(t);
+    }
+    return s->device_input_alias(t);
+  }
+
   // _scaled_dot_product_fused_attention_overrideable(q, k, v, attn_bias, dropout_p, is_causal,
   // return_debug_mask, *, scale): the calls the native program takes
   static bool plain_attention(c10::ArrayRef<c10::IValue> args) {
@@ -837,12 +842,7 @@ class WarmKernel final : public c10::OperatorKernel {
     auto args = torch::jit::pop(*stack, n);
     at::Tensor in[3];  // q, k, v: their kept widened forms, as the Python program reads them
     for (int i = 0; i < 3; ++i) {
-      const at::Tensor& t = args[i].toTensor();
-      StorageState* s = state_of(t);
-      s->device_read();
-      in[i] = (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)
-                  ? s->device_input_widened(t)
-                  : s->device_input_alias(t);
+      in[i] = program_operand(args[i].toTensor(), /*widen=*/true);
     }
     const bool is_causal = args[5].toBool();
     const double scale = args[7].isNone() ? 1.0 / std::sqrt(static_cast<double>(in[0].size(-1)))

@@ -153,19 +153,14 @@ def _recompile_causes(moved: dict[str, tuple[int, int]], order: dict[str, int],
     return rows
 
 
-def levels() -> dict:
-    """What a region reads as a level at its end (not a delta): device memory."""
-    return {"device_memory": device_memory()}
-
-
 def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str],
-               at_end: dict | None = None) -> dict:
-    """The region's dump from the counters at its start and end; ``at_end``: :func:`levels`
-    read when it closed (read now when None). The host's threads are read when the dump is
-    built (a region's first read): a process's thread setup outlives its regions, and listing
-    its threads costs more the more it has (Inductor's compile workers)."""
-    if at_end is None:
-        at_end = levels()
+               memory: dict | None = None) -> dict:
+    """The region's dump from the counters at its start and end; ``memory``: the
+    :func:`device_memory` level read when it closed (read now when None). The host's threads
+    are read when the dump is built (a region's first read): a process's thread setup outlives
+    its regions, and listing its threads costs more the more it has (Inductor's workers)."""
+    if memory is None:
+        memory = device_memory()
     bounce = _delta(before, after, "bounce")
     by_site = {s: _count_bytes(bounce.get(s, (0, 0))) for s in remedies.BOUNCE_SITES}
     counted = [bounce.get(s, (0, 0)) for s in remedies.BOUNCE_SITES]
@@ -206,7 +201,7 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
         "cpu_fallback_reasons": _reasons(_delta(before, after, "cpu_fallback_reason")),
         "trace_by_op": {k: v for k, v in trace.items() if k not in causes},
         "runtime_residency": residency,
-        "device_memory": at_end["device_memory"],
+        "device_memory": memory,
         "host_threads": host_threads(),
     }
     graph = _graph(before, after)

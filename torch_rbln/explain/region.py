@@ -41,7 +41,7 @@ class RBLNExplain:
         self.label = label      # shown in the report's header (e.g. ``rank 1/2``)
         self._state = "new"        # new -> open -> closed (a closed region may be started again)
         self._dump: dict | None = None
-        self._ended: tuple | None = None    # (before, after, wall, sites, levels) at stop()
+        self._ended: tuple | None = None    # (before, after, wall, sites, memory) at stop()
         self._recorder: callsites.Recorder | None = None
         self._before: dict = {}
         self._t0 = 0
@@ -80,7 +80,7 @@ class RBLNExplain:
             # read (a region in a loop that nobody reads costs two snapshots)
             after = events.snapshot()
             sites = dict(self._recorder.sites) if self._recorder is not None else {}
-            self._ended = (self._before, after, wall, sites, measure.levels())
+            self._ended = (self._before, after, wall, sites, measure.device_memory())
             self._dump = None
         finally:
             self._release()
@@ -113,7 +113,7 @@ class RBLNExplain:
             if self._ended is None:
                 raise RuntimeError(
                     "region was never run -- use it as a with-block or call start()/stop()")
-            self._dump = measure.build_dump(*self._ended[:4], at_end=self._ended[4])
+            self._dump = measure.build_dump(*self._ended)
             if self.label:
                 self._dump["label"] = self.label
         return self._dump

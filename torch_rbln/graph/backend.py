@@ -65,8 +65,8 @@ class GraphProgram:
         self.key = key
         self.outer = outer
         self.device_parts = device_parts
-        self.per_call = per_call    # (kind, key, amount): where the nodes ran, the padding
-        # every call's events: one launch per device partition, then per_call
+        # every call's events: one launch per device partition, then per_call ((kind, key,
+        # amount): where the nodes ran, the padding)
         self.events = events.Batch((("dispatch", key, 0), ("warm_hit", key, 0)) * len(device_parts)
                                    + tuple(per_call))
         self.stale = False
