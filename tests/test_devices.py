@@ -304,7 +304,7 @@ def test_training_step_on_rbln1_matches_cpu():
     assert out["loss_close"] and out["params_close"]
     assert out["grad_devices"] == ["rbln:1"]
     assert out["thread_grad"]
-    assert out["hook"] == [1, True, 0]
+    assert out["hook"] == [1, False, 0]
 
 
 def test_device_properties_per_logical_device():

@@ -145,3 +145,31 @@ def test_fused_adam_steps_on_the_device_like_the_cpu_fused_kernel(opt_cls, dtype
         got[dev] = [p.detach().cpu() for p in params]
     for a, b in zip(got["cpu"], got["rbln"]):
         assert torch.equal(a, b)
+
+
+def test_backward_runs_on_the_calling_thread_with_the_same_gradients():
+    """The backward pass of rbln tensors runs on the thread that started it (a device worker
+    thread would start a second OpenMP team on the host's cores): hooks see the caller's
+    thread, from the main thread and from another one, through backward() and autograd.grad;
+    the caller's multithreading setting is left as it was; gradients equal the CPU's."""
+    import threading
+
+    def run(device):
+        seen = []
+        w = torch.arange(64, dtype=torch.float32, device=device).requires_grad_()
+        w.register_hook(lambda g: seen.append(threading.get_ident()) or g)
+        (w * w).sum().backward()
+        g2 = torch.autograd.grad((w * 3).sum(), w)[0]
+        return w.grad.cpu(), g2.cpu(), seen
+
+    before = torch._C._is_multithreading_enabled()
+    grad, g2, seen = run("rbln")
+    assert seen == [threading.get_ident()] * 2
+    ref, ref2, _ = run("cpu")
+    assert torch.equal(grad, ref) and torch.equal(g2, ref2)
+    assert torch._C._is_multithreading_enabled() == before
+    box = {}
+    t = threading.Thread(target=lambda: box.update(res=run("rbln"), me=threading.get_ident()))
+    t.start()
+    t.join()
+    assert box["res"][2] == [box["me"]] * 2 and torch.equal(box["res"][0], ref)

@@ -248,6 +248,33 @@ def _touches_rbln(gm, inputs) -> bool:
     return False
 
 
+def _backward_on_calling_thread() -> None:
+    """A backward pass runs on the thread that called ``backward()`` / ``autograd.grad``, as
+    PyTorch runs a CPU (or lazy-tensor) backward, not on autograd's per-device worker threads.
+
+    The virtual NPU's programs run on the host CPU, so a device worker thread buys no overlap
+    (the caller waits for it) and costs a second OpenMP thread team: with more OpenMP threads
+    than cores, libgomp stops spinning its idle workers, and from then on every parallel region
+    in the process (the caller's CPU work included) pays a futex wake-up. Measured on a 2-core
+    host, a training step got 30% slower, the CPU's own fp32 step in the same process too.
+    ``torch.autograd.set_multithreading_enabled(False)`` is PyTorch's switch for this; it is
+    thread-local, so it is set around each backward. Each node still runs under its device's
+    stream guard, so its device (``rbln:1``) is current inside it."""
+    import torch
+    import torch.autograd.graph as graph
+    orig = graph._engine_run_backward
+    on_calling_thread = torch.autograd.set_multithreading_enabled
+
+    def _engine_run_backward(*args, **kwargs):
+        with on_calling_thread(False):
+            return orig(*args, **kwargs)
+
+    _engine_run_backward.__wrapped__ = orig
+    _engine_run_backward.__doc__ = orig.__doc__
+    graph._engine_run_backward = _engine_run_backward
+    torch.autograd._engine_run_backward = _engine_run_backward
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(("torch.nn.Module._apply",), "Module.to(rbln) keeps tied parameters tied",
           _module_apply),
@@ -257,6 +284,9 @@ PATCHES: tuple[Patch, ...] = (
           _dynamo_reset, at_import=False),
     Patch(("torch._TorchCompileInductorWrapper.__call__",),
           "default torch.compile on rbln tensors runs the rbln backend", _default_compile),
+    Patch(("torch.autograd.graph._engine_run_backward", "torch.autograd._engine_run_backward"),
+          "a backward pass runs on the calling thread (no second OpenMP team)",
+          _backward_on_calling_thread),
 )
 
 

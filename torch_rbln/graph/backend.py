@@ -299,8 +299,8 @@ def rbln_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None 
     cid = torch._guards.CompileContext.current_compile_id()
     name = str(cid) if cid is not None else ""
     device = _target_device(example_inputs)
-    # the backward compiles later, possibly on autograd's device thread: it is published to the
-    # capture scopes open where the forward compiled, too
+    # the backward compiles later, at the first backward(), possibly on another thread: it is
+    # published to the capture scopes open where the forward compiled, too
     scopes = programs.open_scopes()
 
     def compiler(kind):

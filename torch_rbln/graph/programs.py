@@ -7,7 +7,7 @@
     programs[0].name          # the Dynamo compile id, "0/0"
 
 The scope is thread-local; nested scopes all receive each program, in build order. A backward
-graph is compiled at the first ``backward()``, possibly on autograd's device thread: it goes to
+graph is compiled at the first ``backward()``, possibly on another thread: it goes to
 the scopes that were open on the thread that compiled its forward (if still open) as well.
 """
 
