@@ -42,6 +42,16 @@ def _calls():
         t.mul_(2)
         return t
 
+    def inplace_add(x, u):          # no host fast path: the in-place call itself decides
+        t = x.clone()
+        t.add_(x, alpha=0.5)
+        return t
+
+    def step_counter(x, u):         # an optimizer's step: 0-dim fp32, a number added
+        t = x.sum()
+        t.add_(1)
+        return t
+
     return [
         ("fp32 mul", lambda x, u: x * x),
         ("fp32 mean", lambda x, u: x.mean(-1, keepdim=True)),
@@ -50,6 +60,8 @@ def _calls():
         ("fp32 add scalar", lambda x, u: x + 1.5),
         ("fp32 out=", out_mul),
         ("fp32 in-place", inplace),
+        ("fp32 in-place add", inplace_add),
+        ("fp32 0-dim add number", step_counter),
         ("unaligned fp16 neg", lambda x, u: -u),
         ("unaligned fp16 silu", lambda x, u: F.silu(u)),
         ("unaligned, device-latest operand", lambda x, u: (u * 2) + u),
@@ -97,6 +109,36 @@ def test_replayed_results_match_the_cpu():
             else:
                 ref = fn(x, u) if "device-latest" not in name else (u * 2) + u
             assert torch.equal(r.cpu(), ref), name
+
+
+@pytest.mark.parametrize("name", ["fp32 in-place add", "fp32 0-dim add number"])
+def test_an_in_place_host_run_is_replayed(name):
+    """``t.add_(y)`` reaches ``add.out`` with ``out=t``: computed as the functional op and
+    written into ``t`` (what the out= kernel gives when the result fits), it is replayed."""
+    fn = dict(_calls())[name]
+    x = torch.randn(4, 64).to(D)
+    fn(x, None)
+    n = _C.warm_path_replayed()
+    fn(x, None)
+    assert _C.warm_path_replayed() == n + 1
+
+
+def test_an_in_place_operand_sharing_the_output_is_not_replayed():
+    """The key holds shapes and strides, not storages: an in-place call whose other operand
+    shares the written memory takes the Python path, where PyTorch's overlap rule applies as on
+    the CPU, though a call with the same key was replayed."""
+    a, b = torch.randn(8, 8).to(D), torch.randn(8, 8).to(D)
+    for _ in range(2):
+        a.add_(b.t())
+    n = _C.warm_path_replayed()
+    a.add_(b.t())
+    assert _C.warm_path_replayed() == n + 1
+    with pytest.raises(RuntimeError, match="single memory location"):
+        c = torch.randn(8, 8)           # the CPU's own outcome
+        c.add_(c.t())
+    with pytest.raises(RuntimeError, match="single memory location"):
+        a.add_(a.t())
+    assert _C.warm_path_replayed() == n + 1
 
 
 def _warmed():

@@ -479,6 +479,10 @@ class WarmKernel final : public c10::OperatorKernel {
         python_path(op, stack, {});  // a profile's trace names the host run (record_function)
         return;
       }
+      if (mode_ != Mode::Functional && writes_an_operand(args)) {
+        python_path(op, stack, {});  // PyTorch's overlap rules for in-place operands apply
+        return;
+      }
       if (!call.device_rules) {  // the dtype rule failed: the Python path scans nothing either
         replay_fallback(schema, stack, n, call, fallback);
         return;
@@ -586,8 +590,8 @@ class WarmKernel final : public c10::OperatorKernel {
         }
       }
     }
-    if (!index || scalar_only) {
-      return false;
+    if (!index || (scalar_only && dtype_ok)) {
+      return false;  // (the dtype rule comes first: a 0-dim fp32 operand is its fallback)
     }
     call.index = *index;
     call.dtype = d0.value_or(at::kHalf);
@@ -691,6 +695,23 @@ class WarmKernel final : public c10::OperatorKernel {
       remember(std::move(key), out ? out->sizes().vec() : std::vector<int64_t>{}, gen,
                events::counter("cpu_fallback_reason", ticket.fallback));
     }
+  }
+
+  // another operand shares the output's memory (the key holds shapes, not storages)
+  bool writes_an_operand(c10::ArrayRef<c10::IValue> args) const {
+    const at::Tensor& out = args[out_arg_].toTensor();
+    const c10::StorageImpl* mem = out.storage().unsafeGetStorageImpl();
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (static_cast<int>(i) == out_arg_ || !args[i].isTensor()) {
+        continue;
+      }
+      const at::Tensor& t = args[i].toTensor();
+      if (t.defined() && t.is_privateuseone() && !t.is_same(out) &&
+          t.storage().unsafeGetStorageImpl() == mem) {
+        return true;
+      }
+    }
+    return false;
   }
 
   // A CPU fallback the Python path decided for this key, replayed (device_op._fallback's plain

@@ -68,6 +68,21 @@ def _host_args(args):
     return out
 
 
+def _fits_in_place(result, out, args) -> bool:
+    """An in-place call (``x.add_(y)``, which reaches ``add.out`` with ``out=x``) computed as
+    the functional op on the host views gives what the out= kernel writes: the result has
+    ``out``'s dtype and shape, and no other operand shares ``out``'s memory (PyTorch refuses
+    partly overlapping in-place operands)."""
+    if result.dtype != out.dtype or result.shape != out.shape:
+        return False
+    ptr = out.untyped_storage().data_ptr()
+    for a in args[1:]:
+        if (isinstance(a, _Tensor) and a is not out and a.get_device() >= 0
+                and a.untyped_storage().data_ptr() == ptr):
+            return False
+    return True
+
+
 def make_kernel(entry: OpEntry, registered_name: str):
     """The PrivateUse1 kernel of ``registered_name`` (the entry's own overload or an alias)."""
     op_name = "aten::" + entry.name
@@ -99,21 +114,30 @@ def make_kernel(entry: OpEntry, registered_name: str):
         t0 = _perf_ns()
         try:
             # a functional call needs no out= semantics: the op itself on the host views
-            # (what the boxed fallback would run, without its generic argument walk)
-            if fast or (out is None and not fallback.number_in_tensor_slot(registered, args)):
+            # (what the boxed fallback would run, without its generic argument walk); nor
+            # does an in-place one (out= is its first operand) whose result fits in place
+            in_place = mode == "out" and out is not None and out is args[0]
+            number = fallback.number_in_tensor_slot(registered, args)
+            if fast or ((out is None or in_place) and not number):
                 host_args = _host_args(args)
-                if (reason in REPLAYED and custom is None
-                        and cuda_dtypes.unchanged(body, host_args, kwargs)):
-                    _fallback_decided(reason)
-                res = results.deliver_host(cuda_dtypes.run(body, host_args, kwargs), out, index)
-            else:
-                full = dict(kwargs)
-                if out is not None and mode == "out":
-                    full[out_name] = out
-                res = fallback.run_on_cpu(registered, args, full)
-                if (out is None and reason in REPLAYED
-                        and fallback.plain_functional(registered, args, kwargs, res)):
-                    _fallback_decided(reason)   # a Python number in a tensor slot, as above
+                res = cuda_dtypes.run(body, host_args, kwargs)
+                if out is None or fast or _fits_in_place(res, out, args):
+                    if (reason in REPLAYED and custom is None
+                            and cuda_dtypes.unchanged(body, host_args, kwargs)):
+                        _fallback_decided(reason)
+                    return results.deliver_host(res, out, index)
+                # else PyTorch's own rules for this in-place call (type promotion,
+                # broadcasting, overlap): the general route runs the out= kernel itself
+            full = dict(kwargs)
+            if out is not None and mode == "out":
+                full[out_name] = out
+            res = fallback.run_on_cpu(registered, args, full)
+            if reason in REPLAYED and number and (
+                    fallback.plain_functional(registered, args, kwargs, res) if out is None
+                    else in_place and fallback.plain_in_place(registered, args, kwargs)):
+                # a Python number in a tensor slot: the warm path passes it wrapped, which
+                # gives the same type promotion
+                _fallback_decided(reason)
         finally:
             _record("cpu_fallback", op_name, _perf_ns() - t0)
         return res

@@ -356,6 +356,20 @@ def plain_functional(op: torch._ops.OpOverload, args, kwargs, result) -> bool:
                    and a.untyped_storage().data_ptr() == ptr for a in args)
 
 
+def plain_in_place(op: torch._ops.OpOverload, args, kwargs) -> bool:
+    """:func:`run_on_cpu` just ran the in-place call ``op(*args, out=args[0])`` (no error), as
+    the functional op on the host views with its result copied into ``args[0]`` gives it: no
+    generator, no host twin, no widening, and no other operand sharing the written memory."""
+    if (op.name() in _HOST_TWIN or _generator_slot(op) is not None
+            or _draws_from_cpu_default(op)
+            or not cuda_dtypes.unchanged(op.overloadpacket, args, kwargs)):
+        return False
+    out = args[0]
+    ptr = out.untyped_storage().data_ptr()
+    return not any(isinstance(a, torch.Tensor) and a is not out and a.device.type == "rbln"
+                   and a.untyped_storage().data_ptr() == ptr for a in args[1:])
+
+
 _TENSOR_SLOTS: dict = {}
 
 
