@@ -364,3 +364,27 @@ def test_the_device_program_reads_logsumexp_off_its_softmax():
     assert torch.equal(w[0, 0, 3], torch.zeros(64))
     keep = ~s.isinf().all(-1, keepdim=True).expand_as(s)
     assert torch.allclose(w[keep], torch.softmax(s, -1)[keep], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_the_device_op_takes_3d_inputs_as_its_meta_kernel_does(causal, kv_heads):
+    """``F.scaled_dot_product_attention`` sends only 4-D inputs to the device op, but the op
+    itself takes 3-D ``(H, L, E)`` as well (PyTorch's meta kernel: batch 1, logsumexp
+    ``(1, H, L)``): shapes as the meta kernel gives them, values and gradients as the CPU's."""
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+    torch.manual_seed(0)
+    q, k, v = _qkv((4, 64, 64), (kv_heads, 64, 64), torch.float16)
+    leaves = [t.to("rbln").requires_grad_() for t in (q, k, v)]
+    with Events() as ev:
+        out = op(*leaves, None, 0.0, causal, False)
+    assert ev.count("cpu_fallback", SDPA) == 0
+    meta = op(*(t.to("meta") for t in (q, k, v)), None, 0.0, causal, False)
+    assert [out[0].shape, out[1].shape] == [meta[0].shape, meta[1].shape]
+    _loss(out[0]).backward()
+    refs = [t.float().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*refs, is_causal=causal, enable_gqa=True)
+    _loss(ref).backward()
+    torch.testing.assert_close(out[0].cpu().float(), ref, **TOL[torch.float16])
+    for d, r in zip(leaves, refs):
+        torch.testing.assert_close(d.grad.cpu().float(), r.grad, **TOL[torch.float16])

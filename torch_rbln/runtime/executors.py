@@ -225,7 +225,8 @@ def sdpa_forward(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False,
     dropped and ``v`` is scaled by ``1 / (1 - p)``: PyTorch's math attention given that mask."""
     dtype = q.dtype
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    B, H, L = q.shape[0], q.shape[1], q.shape[2]
+    # 4-D (B, H, L, E), or 3-D (H, L, E) with B = 1, as PyTorch's meta kernel of the op says
+    B, H, L = (q.shape[0], q.shape[1], q.shape[2]) if q.dim() == 4 else (1, *q.shape[:2])
     S = k.shape[-2]
     if dropout_p == 0.0 and not return_debug_mask and q.dim() == 4:
         out, lse = _fused(_widen(q), _widen(k), _widen(v), attn_bias, is_causal, sc)
