@@ -267,3 +267,44 @@ def test_the_profiler_sees_the_host_run_named():
         x * x
     assert _C.warm_path_replayed() == n
     assert any(e.name == "rbln::cpu_fallback(dtype-not-fp16)" for e in p.events())
+
+
+def _out_and_in_place_cases():
+    def cast_refused(d):            # float result into a long out=: PyTorch refuses
+        a = torch.arange(64.0, device=d).reshape(1, 64)
+        return torch.mul(a, a, out=torch.zeros(1, 64, dtype=torch.long, device=d))
+
+    def cast_allowed(d):            # long result into a float out=
+        a = torch.arange(64, device=d).reshape(1, 64)
+        return torch.mul(a, a, out=torch.zeros(1, 64, device=d))
+
+    def in_place_cast_refused(d):
+        return torch.arange(64, device=d).mul_(0.5)
+
+    def in_place_promoted(d):       # fp32 += fp64: computed in fp64, written as fp32
+        x = torch.arange(64.0, device=d)
+        return x.add_(torch.full((64,), 0.1, dtype=torch.float64, device=d))
+
+    def in_place_broadcast_refused(d):
+        return torch.zeros(1, 64, device=d).add_(torch.ones(3, 64, device=d))
+
+    return [cast_refused, cast_allowed, in_place_cast_refused, in_place_promoted,
+            in_place_broadcast_refused]
+
+
+@pytest.mark.parametrize("case", _out_and_in_place_cases(), ids=lambda f: f.__name__)
+def test_out_and_in_place_host_runs_keep_pytorchs_rules(case):
+    """Host runs of out= and in-place calls, first and warm (replayed): PyTorch's casting,
+    broadcasting and overlap rules apply as on the CPU, errors and values alike."""
+    def outcome(d):
+        try:
+            return case(d).cpu()
+        except RuntimeError as e:
+            return type(e)
+    ref = outcome("cpu")
+    for _ in range(3):
+        got = outcome(D)
+        if isinstance(ref, torch.Tensor):
+            assert torch.equal(got, ref)
+        else:
+            assert got is ref

@@ -280,3 +280,49 @@ def test_warm_attention_is_served_natively_with_the_python_programs_results_and_
                 assert x.dtype == y.dtype and x.stride() == y.stride() and torch.equal(x, y)
             else:
                 assert x == y
+
+
+def _linear_backward_calls(on: bool):
+    """aten::linear_backward, warm, both ways from an empty program cache: fp16 and bf16, every
+    output mask, a 3-D input, a weight read again (its kept widened form), a non-contiguous
+    gradient, a host-latest operand, and a call the rules send to the host (unaligned)."""
+    torch.manual_seed(0)
+    torch.rbln.empty_cache()
+    lb = torch.ops.aten.linear_backward.default
+    out = []
+    gc.collect()
+    ev0 = events.snapshot()
+    served = _C.warm_path_served()
+    with warm_path(on):
+        for dtype in (torch.float16, torch.bfloat16):
+            x = torch.randn(2, 64, 128).to(dtype).to(D)
+            w = torch.randn(192, 128).to(dtype).to(D)
+            gy = torch.randn(2, 64, 192).to(dtype).to(D)
+            gt = torch.randn(2, 192, 64).to(dtype).to(D).transpose(1, 2)     # a view
+            xu, wu = torch.randn(64, 96).to(dtype).to(D), torch.randn(64, 96).to(dtype).to(D)
+            gu = torch.randn(64, 64).to(dtype).to(D)
+            calls = [lambda: lb(x, gy, w, [True, True, True]),
+                     lambda: lb(x, gy, w, [True, False, False]),
+                     lambda: lb(x, gy, w, [False, True, True]),
+                     lambda: lb(x, gt, w, [True, True, False]),
+                     lambda: lb(xu, gu, wu, [True, True, False])]
+            for _ in range(3):
+                for c in calls:
+                    out.append(c())
+            x.copy_(torch.randn(2, 64, 128))       # host-latest again: pushed at the next read
+            out.append(calls[0]())
+    took = _C.warm_path_served() - served
+    delta = event_delta(ev0, events.snapshot(), TIMED)
+    return [[t.cpu() if isinstance(t, torch.Tensor) else t for t in r] for r in out], delta, took
+
+
+def test_warm_linear_backward_is_served_natively_with_the_python_programs_results_and_events():
+    warm, warm_events, took = _linear_backward_calls(True)
+    python, python_events, none = _linear_backward_calls(False)
+    assert none == 0 and took == 2 * (4 * 2 + 1)     # the device calls after their first
+    assert warm_events == python_events
+    for a, b in zip(warm, python, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)

@@ -62,8 +62,9 @@ namespace {
 enum class Mode : int8_t { Out = 0, Inplace = 1, Functional = 2 };
 // Direct: the functional op on device aliases; Matmul: the same, with fp32 operands and one
 // rounding for the dtypes this CPU has no native GEMM for (executors.matmul); Sdpa: the device
-// attention op's program without mask or dropout (executors.sdpa_forward's fused form)
-enum class Form : int8_t { Direct = 0, Matmul = 1, Sdpa = 2 };
+// attention op's program without mask or dropout (executors.sdpa_forward's fused form);
+// LinearBackward: aten::linear_backward's program (executors.linear_backward)
+enum class Form : int8_t { Direct = 0, Matmul = 1, Sdpa = 2, LinearBackward = 3 };
 
 // ------------------------------------------------------------------------------------------
 // process-wide switches and the state shared with the Python path
@@ -336,6 +337,7 @@ namespace {
 
 enum Tag : int64_t {
   kNone = 1, kBool, kInt, kDouble, kString, kIntList, kDevice, kDeviceTensor, kScalarTensor,
+  kBoolList,
 };
 
 bool key_of_tensor(const at::Tensor& t, std::vector<const c10::TensorImpl*>& seen,
@@ -393,6 +395,12 @@ bool key_of(const c10::IValue& v, std::vector<const c10::TensorImpl*>& seen,
     key.insert(key.end(), {kString, static_cast<int64_t>(s.size())});
     for (char c : s) {
       key.push_back(c);
+    }
+  } else if (v.isBoolList()) {
+    auto l = v.toBoolList();
+    key.insert(key.end(), {kBoolList, static_cast<int64_t>(l.size())});
+    for (bool x : l) {
+      key.push_back(x);
     }
   } else if (v.isIntList()) {
     auto l = v.toIntList();
@@ -511,6 +519,8 @@ class WarmKernel final : public c10::OperatorKernel {
     served.fetch_add(1, std::memory_order_relaxed);
     if (form_ == Form::Sdpa) {
       run_attention(stack, n, call);
+    } else if (form_ == Form::LinearBackward) {
+      run_linear_backward(stack, n, call);
     } else {
       run(schema, stack, n, call);
     }
@@ -892,6 +902,41 @@ class WarmKernel final : public c10::OperatorKernel {
     }
   }
 
+  // linear_backward(x, grad_output, weight, output_mask): executors.linear_backward. Where the
+  // matrix units widen the dtype, the operands are read widened (a weight's kept form), the
+  // GEMMs run in fp32 and each result rounds once; else the dtype's own GEMMs (fp32
+  // accumulation). The three results delivered, an undefined one where the mask says so.
+  void run_linear_backward(torch::jit::Stack* stack, size_t n, const Call& call) {
+    auto args = torch::jit::pop(*stack, n);
+    const bool widen = contains(widened_dtypes, call.dtype);
+    const at::Tensor x = program_operand(args[0].toTensor(), widen);
+    const at::Tensor gy = program_operand(args[1].toTensor(), widen);
+    const at::Tensor w = program_operand(args[2].toTensor(), widen);
+    const auto mask = args[3].toBoolList();
+    const int64_t t0 = events::span_start();
+    at::Tensor results[3];
+    {
+      Depth depth;
+      const at::Tensor g = gy.reshape({-1, gy.size(-1)});
+      auto rounded = [&](at::Tensor r) { return widen ? r.to(call.dtype) : r; };
+      if (mask[0]) {
+        auto shape = x.sizes().vec();
+        shape.back() = w.size(-1);
+        results[0] = at::_unsafe_view(rounded(at::mm(g, w)), shape);
+      }
+      if (mask[1]) {
+        results[1] = rounded(at::mm(g.t(), x.reshape({-1, x.size(-1)})));
+      }
+      if (mask[2]) {
+        results[2] = rounded(g.sum(0));
+      }
+    }
+    events::record_program(program_, call.index, t0);
+    for (auto& r : results) {
+      stack->emplace_back(r.defined() ? new_device_result(std::move(r), call.index) : at::Tensor());
+    }
+  }
+
   struct Depth {
     Depth() { ++program_depth; }
     ~Depth() { --program_depth; }
@@ -985,8 +1030,12 @@ void bind_warm_path(py::module_& m) {
           auto fn = find_op(fn_name);
           const auto& args = op.schema().arguments();
           TORCH_CHECK(static_cast<Form>(form) == Form::Sdpa ||
+                          static_cast<Form>(form) == Form::LinearBackward ||
                           (op.schema().returns().size() == 1 && fn.schema().returns().size() == 1),
                       name, ": the warm path serves ops with one result");
+          TORCH_CHECK(static_cast<Form>(form) != Form::LinearBackward ||
+                          (name == "linear_backward" && static_cast<Mode>(mode) == Mode::Functional),
+                      name, ": the linear backward form serves aten::linear_backward");
           TORCH_CHECK(static_cast<Form>(form) != Form::Sdpa ||
                           (name == "_scaled_dot_product_fused_attention_overrideable" &&
                            static_cast<Mode>(mode) == Mode::Functional),

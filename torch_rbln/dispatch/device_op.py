@@ -30,6 +30,7 @@ _record_program = events.record_program
 _perf_ns = time.perf_counter_ns
 _HALF = executors.HALF
 _Tensor = torch.Tensor
+_can_cast = torch.can_cast
 _lookup = compiler._cache.get
 _enter_program = _C.enter_program
 _leave_program = _C.leave_program
@@ -68,15 +69,19 @@ def _host_args(args):
     return out
 
 
-def _fits_in_place(result, out, args) -> bool:
-    """An in-place call (``x.add_(y)``, which reaches ``add.out`` with ``out=x``) computed as
-    the functional op on the host views gives what the out= kernel writes: the result has
-    ``out``'s dtype and shape, and no other operand shares ``out``'s memory (PyTorch refuses
-    partly overlapping in-place operands)."""
-    if result.dtype != out.dtype or result.shape != out.shape:
+def _fits(result, out, args, in_place: bool) -> bool:
+    """The functional op's ``result`` computed on the host views, written into ``out``, is what
+    the op's out= kernel gives: PyTorch's casting rule holds (an in-place call, such as
+    ``x.add_(y)`` reaching ``add.out`` with ``out=x``: the result has ``x``'s dtype and shape),
+    and no other operand shares ``out``'s memory (PyTorch refuses partly overlapping
+    operands)."""
+    if in_place:
+        if result.dtype != out.dtype or result.shape != out.shape:
+            return False
+    elif not _can_cast(result.dtype, out.dtype):
         return False
     ptr = out.untyped_storage().data_ptr()
-    for a in args[1:]:
+    for a in args:
         if (isinstance(a, _Tensor) and a is not out and a.get_device() >= 0
                 and a.untyped_storage().data_ptr() == ptr):
             return False
@@ -121,12 +126,12 @@ def make_kernel(entry: OpEntry, registered_name: str):
             if fast or ((out is None or in_place) and not number):
                 host_args = _host_args(args)
                 res = cuda_dtypes.run(body, host_args, kwargs)
-                if out is None or fast or _fits_in_place(res, out, args):
+                if out is None or _fits(res, out, args, in_place):
                     if (reason in REPLAYED and custom is None
                             and cuda_dtypes.unchanged(body, host_args, kwargs)):
                         _fallback_decided(reason)
                     return results.deliver_host(res, out, index)
-                # else PyTorch's own rules for this in-place call (type promotion,
+                # else PyTorch's own rules for this out= or in-place call (casting,
                 # broadcasting, overlap): the general route runs the out= kernel itself
             full = dict(kwargs)
             if out is not None and mode == "out":
@@ -244,11 +249,14 @@ _MODES = {"out": 0, "inplace": 1, "functional": 2}
 # gate decides on shapes and dtypes alone, which the key holds, and a key enters the native
 # cache only once the Python kernel ran a device program for it
 _SDPA_FORM = 2
+# aten::linear_backward's program (executors.linear_backward), on the same terms
+_LINEAR_BACKWARD_FORM = 3
+_CUSTOM_FORMS = {"sdpa": _SDPA_FORM, "linear_backward": _LINEAR_BACKWARD_FORM}
 
 
 def _warm_form(entry: OpEntry) -> int | None:
-    if entry.kernel == "sdpa":
-        return _SDPA_FORM
+    if entry.kernel in _CUSTOM_FORMS:
+        return _CUSTOM_FORMS[entry.kernel]
     if entry.name in rules.GATES or entry.operands or entry.name == "div.out_mode":
         return None     # decisions the native path does not repeat: the gate, rounding modes
     return _WARM_FORMS.get(entry.kernel)
@@ -269,7 +277,8 @@ def register_warm_path() -> set:
             continue
         for name in (e.name, *e.aliases):
             registered = overload(name)
-            if len(registered._schema.returns) != 1 and form != _SDPA_FORM:
+            if len(registered._schema.returns) != 1 and form not in (_SDPA_FORM,
+                                                                     _LINEAR_BACKWARD_FORM):
                 continue
             mode = e.out if name == e.name else "functional"
             # a matmul's left operand (its rows decide widening) and whether it is batched
