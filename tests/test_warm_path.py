@@ -234,91 +234,82 @@ if __name__ == "__main__":            # one seed of the agreement test, in its o
     print("agree", sys.argv[1])
 
 
-def _attention_calls(on: bool):
-    """Attention's device op, warm, both ways from an empty program cache: GQA and not, causal
-    and not, a given scale, a non-contiguous value, fp16 and bf16, a host-latest operand, and
-    the calls it leaves to the Python program (a mask, dropout)."""
+def _warm_calls(on: bool, make):
+    """The calls ``make(dtype)`` gives (with a function that rewrites their first call's first
+    operand on the host), warm, from an empty program cache: three rounds per dtype, then the
+    first call once more (its operand host-latest again: pushed at the next read). Returns each
+    call's results on the CPU, the events and how many calls the warm path served."""
     torch.manual_seed(0)
     torch.rbln.empty_cache()
-    ov = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
     out = []
     gc.collect()
     ev0 = events.snapshot()
     served = _C.warm_path_served()
     with warm_path(on):
         for dtype in (torch.float16, torch.bfloat16):
-            q = torch.randn(2, 4, 64, 32).to(dtype).to(D)
-            k = torch.randn(2, 2, 64, 32).to(dtype).to(D)
-            v = torch.randn(2, 64, 2, 32).to(dtype).to(D).transpose(1, 2)     # a view
-            k4 = torch.randn(2, 4, 32, 32).to(dtype).to(D)
-            mask = torch.randn(64, 64).to(dtype).to(D)
-            calls = [lambda: ov(q, k, v, None, 0.0, True, False),
-                     lambda: ov(q, k4, k4, None, 0.0, False, False, scale=0.3),
-                     lambda: ov(q, k, v, mask, 0.0, False, False),
-                     lambda: ov(q, k, v, None, 0.5, True, False)]
+            calls, rewrite = make(dtype)
             for _ in range(3):
                 for c in calls:
                     out.append(c())
-            q.copy_(torch.randn(2, 4, 64, 32))       # host-latest again: pushed at the next read
-            out.append(calls[0]())
-    took = _C.warm_path_served() - served
-    delta = event_delta(ev0, events.snapshot(), TIMED)
-    # the philox seed and offset of a call without dropout are empty scalars (uninitialised)
-    return [[(t.cpu() if i not in (6, 7) else t.shape) if isinstance(t, torch.Tensor) else t
-             for i, t in enumerate(r)] for r in out], delta, took
-
-
-def test_warm_attention_is_served_natively_with_the_python_programs_results_and_events():
-    warm, warm_events, took = _attention_calls(True)
-    python, python_events, none = _attention_calls(False)
-    assert none == 0 and took == 2 * (2 * 2 + 1)     # the plain calls after their first, per dtype
-    assert warm_events == python_events
-    assert len(warm) == len(python)
-    for a, b in zip(warm, python):
-        for x, y in zip(a, b):
-            if isinstance(x, torch.Tensor):
-                assert x.dtype == y.dtype and x.stride() == y.stride() and torch.equal(x, y)
-            else:
-                assert x == y
-
-
-def _linear_backward_calls(on: bool):
-    """aten::linear_backward, warm, both ways from an empty program cache: fp16 and bf16, every
-    output mask, a 3-D input, a weight read again (its kept widened form), a non-contiguous
-    gradient, a host-latest operand, and a call the rules send to the host (unaligned)."""
-    torch.manual_seed(0)
-    torch.rbln.empty_cache()
-    lb = torch.ops.aten.linear_backward.default
-    out = []
-    gc.collect()
-    ev0 = events.snapshot()
-    served = _C.warm_path_served()
-    with warm_path(on):
-        for dtype in (torch.float16, torch.bfloat16):
-            x = torch.randn(2, 64, 128).to(dtype).to(D)
-            w = torch.randn(192, 128).to(dtype).to(D)
-            gy = torch.randn(2, 64, 192).to(dtype).to(D)
-            gt = torch.randn(2, 192, 64).to(dtype).to(D).transpose(1, 2)     # a view
-            xu, wu = torch.randn(64, 96).to(dtype).to(D), torch.randn(64, 96).to(dtype).to(D)
-            gu = torch.randn(64, 64).to(dtype).to(D)
-            calls = [lambda: lb(x, gy, w, [True, True, True]),
-                     lambda: lb(x, gy, w, [True, False, False]),
-                     lambda: lb(x, gy, w, [False, True, True]),
-                     lambda: lb(x, gt, w, [True, True, False]),
-                     lambda: lb(xu, gu, wu, [True, True, False])]
-            for _ in range(3):
-                for c in calls:
-                    out.append(c())
-            x.copy_(torch.randn(2, 64, 128))       # host-latest again: pushed at the next read
+            rewrite()
             out.append(calls[0]())
     took = _C.warm_path_served() - served
     delta = event_delta(ev0, events.snapshot(), TIMED)
     return [[t.cpu() if isinstance(t, torch.Tensor) else t for t in r] for r in out], delta, took
 
 
+def _attention_calls(dtype):
+    """Attention's device op: GQA and not, causal and not, a given scale, a non-contiguous value,
+    and the calls it leaves to the Python program (a mask, dropout)."""
+    ov = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+    q = torch.randn(2, 4, 64, 32).to(dtype).to(D)
+    k = torch.randn(2, 2, 64, 32).to(dtype).to(D)
+    v = torch.randn(2, 64, 2, 32).to(dtype).to(D).transpose(1, 2)     # a view
+    k4 = torch.randn(2, 4, 32, 32).to(dtype).to(D)
+    mask = torch.randn(64, 64).to(dtype).to(D)
+    return ([lambda: ov(q, k, v, None, 0.0, True, False),
+             lambda: ov(q, k4, k4, None, 0.0, False, False, scale=0.3),
+             lambda: ov(q, k, v, mask, 0.0, False, False),
+             lambda: ov(q, k, v, None, 0.5, True, False)],
+            lambda: q.copy_(torch.randn(2, 4, 64, 32)))
+
+
+def test_warm_attention_is_served_natively_with_the_python_programs_results_and_events():
+    warm, warm_events, took = _warm_calls(True, _attention_calls)
+    python, python_events, none = _warm_calls(False, _attention_calls)
+    assert none == 0 and took == 2 * (2 * 2 + 1)     # the plain calls after their first, per dtype
+    assert warm_events == python_events
+    for a, b in zip(warm, python, strict=True):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if i in (6, 7):     # the philox seed and offset without dropout: uninitialised
+                assert x.shape == y.shape
+            elif isinstance(x, torch.Tensor):
+                assert x.dtype == y.dtype and x.stride() == y.stride() and torch.equal(x, y)
+            else:
+                assert x == y
+
+
+def _linear_backward_calls(dtype):
+    """aten::linear_backward: every output mask, a 3-D input, a weight read again (its kept
+    widened form), a non-contiguous gradient, and a call the rules send to the host (unaligned)."""
+    lb = torch.ops.aten.linear_backward.default
+    x = torch.randn(2, 64, 128).to(dtype).to(D)
+    w = torch.randn(192, 128).to(dtype).to(D)
+    gy = torch.randn(2, 64, 192).to(dtype).to(D)
+    gt = torch.randn(2, 192, 64).to(dtype).to(D).transpose(1, 2)     # a view
+    xu, wu = torch.randn(64, 96).to(dtype).to(D), torch.randn(64, 96).to(dtype).to(D)
+    gu = torch.randn(64, 64).to(dtype).to(D)
+    return ([lambda: lb(x, gy, w, [True, True, True]),
+             lambda: lb(x, gy, w, [True, False, False]),
+             lambda: lb(x, gy, w, [False, True, True]),
+             lambda: lb(x, gt, w, [True, True, False]),
+             lambda: lb(xu, gu, wu, [True, True, False])],
+            lambda: x.copy_(torch.randn(2, 64, 128)))
+
+
 def test_warm_linear_backward_is_served_natively_with_the_python_programs_results_and_events():
-    warm, warm_events, took = _linear_backward_calls(True)
-    python, python_events, none = _linear_backward_calls(False)
+    warm, warm_events, took = _warm_calls(True, _linear_backward_calls)
+    python, python_events, none = _warm_calls(False, _linear_backward_calls)
     assert none == 0 and took == 2 * (4 * 2 + 1)     # the device calls after their first
     assert warm_events == python_events
     for a, b in zip(warm, python, strict=True):

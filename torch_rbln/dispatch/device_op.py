@@ -80,12 +80,7 @@ def _fits(result, out, args, in_place: bool) -> bool:
             return False
     elif not _can_cast(result.dtype, out.dtype):
         return False
-    ptr = out.untyped_storage().data_ptr()
-    for a in args:
-        if (isinstance(a, _Tensor) and a is not out and a.get_device() >= 0
-                and a.untyped_storage().data_ptr() == ptr):
-            return False
-    return True
+    return not fallback.shares_memory(out, args)
 
 
 def make_kernel(entry: OpEntry, registered_name: str):

@@ -351,9 +351,7 @@ def plain_functional(op: torch._ops.OpOverload, args, kwargs, result) -> bool:
             or _draws_from_cpu_default(op) or not isinstance(result, torch.Tensor)
             or not cuda_dtypes.unchanged(op.overloadpacket, args, kwargs)):
         return False
-    ptr = result.untyped_storage().data_ptr()
-    return not any(isinstance(a, torch.Tensor) and a.device.type == "rbln"
-                   and a.untyped_storage().data_ptr() == ptr for a in args)
+    return not shares_memory(result, args)
 
 
 def plain_in_place(op: torch._ops.OpOverload, args, kwargs) -> bool:
@@ -364,10 +362,14 @@ def plain_in_place(op: torch._ops.OpOverload, args, kwargs) -> bool:
             or _draws_from_cpu_default(op)
             or not cuda_dtypes.unchanged(op.overloadpacket, args, kwargs)):
         return False
-    out = args[0]
-    ptr = out.untyped_storage().data_ptr()
-    return not any(isinstance(a, torch.Tensor) and a is not out and a.device.type == "rbln"
-                   and a.untyped_storage().data_ptr() == ptr for a in args[1:])
+    return not shares_memory(args[0], args)
+
+
+def shares_memory(t: torch.Tensor, args) -> bool:
+    """An rbln operand among ``args``, other than ``t`` itself, uses ``t``'s storage."""
+    ptr = t.untyped_storage().data_ptr()
+    return any(isinstance(a, torch.Tensor) and a is not t and a.device.type == "rbln"
+               and a.untyped_storage().data_ptr() == ptr for a in args)
 
 
 _TENSOR_SLOTS: dict = {}
