@@ -278,8 +278,8 @@ TRAIN = """
            "params_close": all(torch.allclose(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
                                for p, q in zip(dev.parameters(), cpu.parameters())),
            "grad_devices": sorted({str(p.grad.device) for p in dev.parameters()})}
-    # the guard reports every logical device, so autograd runs rbln:1's part of a backward
-    # pass on its device thread for rbln:1, with rbln:1 current there
+    # rbln:1's part of a backward pass runs on the calling thread (patches: no device thread),
+    # under rbln:1's stream guard, so rbln:1 is current there
     seen = {}
     w = torch.ones(8, device="rbln:1", requires_grad=True)
     w.register_hook(lambda g: seen.update(device=torch.rbln.current_device(),
