@@ -117,7 +117,8 @@ def make_kernel(entry: OpEntry, registered_name: str):
             # (what the boxed fallback would run, without its generic argument walk); nor
             # does an in-place one (out= is its first operand) whose result fits in place
             in_place = mode == "out" and out is not None and out is args[0]
-            number = fallback.number_in_tensor_slot(registered, args)
+            # (a host fast path takes numbers as they come: no need to look for them)
+            number = not fast and fallback.number_in_tensor_slot(registered, args)
             if fast or ((out is None or in_place) and not number):
                 host_args = _host_args(args)
                 res = cuda_dtypes.run(body, host_args, kwargs)

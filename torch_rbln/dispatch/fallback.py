@@ -347,22 +347,24 @@ def plain_functional(op: torch._ops.OpOverload, args, kwargs, result) -> bool:
     """:func:`run_on_cpu` gave ``result`` as the op itself gives it on the host views of
     ``args``: nothing written, no generator, no host twin, no widening, a fresh result tensor
     (the native warm path may then replay the call as the plain op)."""
-    if (op._schema.is_mutable or op.name() in _HOST_TWIN or _generator_slot(op) is not None
-            or _draws_from_cpu_default(op) or not isinstance(result, torch.Tensor)
-            or not cuda_dtypes.unchanged(op.overloadpacket, args, kwargs)):
+    if op._schema.is_mutable or not isinstance(result, torch.Tensor):
         return False
-    return not shares_memory(result, args)
+    return _plain_op(op, args, kwargs) and not shares_memory(result, args)
 
 
 def plain_in_place(op: torch._ops.OpOverload, args, kwargs) -> bool:
     """:func:`run_on_cpu` just ran the in-place call ``op(*args, out=args[0])`` (no error), as
     the functional op on the host views with its result copied into ``args[0]`` gives it: no
     generator, no host twin, no widening, and no other operand sharing the written memory."""
-    if (op.name() in _HOST_TWIN or _generator_slot(op) is not None
-            or _draws_from_cpu_default(op)
-            or not cuda_dtypes.unchanged(op.overloadpacket, args, kwargs)):
-        return False
-    return not shares_memory(args[0], args)
+    return _plain_op(op, args, kwargs) and not shares_memory(args[0], args)
+
+
+def _plain_op(op: torch._ops.OpOverload, args, kwargs) -> bool:
+    """:func:`run_on_cpu` runs ``op`` itself on these arguments: no host twin, no generator,
+    no widening."""
+    return (op.name() not in _HOST_TWIN and _generator_slot(op) is None
+            and not _draws_from_cpu_default(op)
+            and cuda_dtypes.unchanged(op.overloadpacket, args, kwargs))
 
 
 def shares_memory(t: torch.Tensor, args) -> bool:
