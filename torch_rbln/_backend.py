@@ -25,7 +25,8 @@ def _native():
 def setup() -> None:
     from . import api, config, log, patches
     from .dispatch import (composites, copy, cuda_dtypes, data_movement, device_op, factories,
-                           fallback, fused_optimizers, layouts, rnn_cells, rules, views)
+                           fallback, fused_optimizers, layouts, nested, rnn_cells, rules,
+                           views)
     from .runtime import devices
 
     log.setup()
@@ -62,6 +63,11 @@ def setup() -> None:
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
     for key in layouts.KEYS:
         catch_all.fallback(layouts.fallback_for(key), key)
+    # nested tensors: metadata ops and copies run PyTorch's nested kernels on the rbln tensor,
+    # every other op the CPU's, through the same CPU fallback (dispatch/nested.py)
+    for name, fn in nested.kernels(fallback.boxed_fallback).items():
+        aten.impl(name, fn, "NestedTensorPrivateUse1")
+    catch_all.fallback(fallback.boxed_fallback, "NestedTensorPrivateUse1")
     # autocast is not supported (torch.rbln.get_amp_supported_dtype() is empty, so
     # torch.autocast("rbln") disables itself); should it be forced on, ops run as without it
     catch_all.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")

@@ -339,6 +339,7 @@ PRIVATE: tuple[Hook, ...] = (
     # dispatch (dispatch/*)
     Hook("torch._C.DispatchKeySet", "redispatch below PrivateUse1 to the CPU key"),
     Hook("torch._C.DispatchKey.CPU", "redispatch below PrivateUse1 to the CPU key"),
+    Hook("torch._C.DispatchKey.NestedTensorCPU", "nested tensors' metadata ops: their nested kernel"),
     Hook("torch._ops.OpOverload.redispatch", "view/metadata ops on rbln tensors (set_, ...)"),
     Hook("torch._ops.OpOverload._handle", "boxed redispatch handle of an operator"),
     Hook("torch.ops.aten.as_strided.default._schema", "reading operator schemas (fallback, checks)"),

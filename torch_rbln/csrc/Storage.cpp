@@ -693,8 +693,9 @@ int64_t StorageState::widened_bytes() const {
 
 at::Tensor StorageState::host_flat(c10::ScalarType dtype) {
   settle();
+  host_cpu_storage();  // the host view's bytes restored and caught up
   const int64_t n = nbytes / static_cast<int64_t>(c10::elementSize(dtype));
-  return tensor_over(host_cpu_storage(), dtype, {n}, {1}, 0);
+  return tensor_over(cpu_storage_over(host, nbytes), dtype, {n}, {1}, 0);
 }
 
 at::Tensor StorageState::host_bytes() {

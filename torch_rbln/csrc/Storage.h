@@ -117,7 +117,8 @@ struct StorageState {
   at::Tensor device_input_widened(const at::Tensor& t);
   // widened forms kept now (a test and the memory report read it)
   int64_t widened_bytes() const;
-  // the whole storage as a flat CPU tensor of `dtype` over the host view
+  // the whole storage as a flat CPU tensor of `dtype` over the host view, on a CPU storage of
+  // exactly `nbytes` (a nested tensor's kernels take its storage's size as its buffer's)
   at::Tensor host_flat(c10::ScalarType dtype);
   // the storage's `nbytes` bytes on either side, as flat uint8 CPU tensors
   at::Tensor host_bytes();

@@ -2,7 +2,8 @@
 
 Correct for functional, in-place and ``out=`` ops (with resize), ops returning views of their
 inputs, several outputs, TensorList arguments and results, optional tensors, mixed cpu/rbln
-arguments, 0-dim tensors and Python scalars. Each rbln argument is read on the host (a physical
+arguments, 0-dim tensors, Python scalars and nested tensors (a CPU nested tensor over the
+buffer's host view, ``nested.py``). Each rbln argument is read on the host (a physical
 ``d2h`` only if its latest data is on the device); arguments the op writes become host-latest;
 fresh results become rbln tensors on the first rbln argument's device without a copy (their
 host view is the CPU result's memory). docs/debugging.md ("CPU fallback").
@@ -15,7 +16,7 @@ import torch
 from .. import config, events
 from ..runtime import devices, generators
 from ..runtime.storage import CPU_KEYSET, host_input, state_of
-from . import cuda_dtypes, factories, layouts
+from . import cuda_dtypes, factories, layouts, nested
 from .results import wrap_result
 
 _record = events.record
@@ -57,7 +58,7 @@ def _to_cpu(x, ctx: _Ctx):
         state.host_read()
         if ctx.index is None:
             ctx.index = state.index
-        a = state.host_alias(x)
+        a = nested.host_view(x, state) if x.is_nested else state.host_alias(x)
         ctx.by_ptr.setdefault(a.untyped_storage().data_ptr(), x)
         ctx.aliases.append((a, x))
         return a
@@ -164,7 +165,11 @@ def _to_rbln(x, ctx: _Ctx):
         for a, r in ctx.outs + ctx.aliases:
             if x is a:
                 return r
-        if not x.untyped_storage().nbytes():
+        st = x.untyped_storage()
+        if x.is_nested:
+            owner = ctx.by_ptr.get(st.data_ptr()) if st.nbytes() else None
+            return nested.to_rbln(x, _index(ctx)) if owner is None else nested.view_of(x, owner)
+        if not st.nbytes():
             owner = None
         elif not x.data_ptr():
             # a storage without data: a ZeroTensor (``_efficientzerotensor``, which autograd
@@ -172,8 +177,10 @@ def _to_rbln(x, ctx: _Ctx):
             # No rbln input owns it and it holds no bytes to wrap: the rbln result is real zeros
             return wrap_result(torch.zeros(x.shape, dtype=x.dtype), _index(ctx))
         else:
-            owner = ctx.by_ptr.get(x.untyped_storage().data_ptr())
+            owner = ctx.by_ptr.get(st.data_ptr())
         if owner is not None:
+            if owner.is_nested:
+                return nested.view_of(x, owner)
             # a view of an rbln input: the same view on the rbln storage, with the same lazy
             # conjugate / negative bits, so that writes through it reach the input
             v = _as_strided.redispatch_boxed(CPU_KEYSET, owner, x.size(), x.stride(), x.storage_offset())
@@ -182,7 +189,7 @@ def _to_rbln(x, ctx: _Ctx):
             if v.is_neg() != x.is_neg():
                 v = v._neg_view()
             return v
-        return wrap_result(x, ctx.index if ctx.index is not None else devices.current())
+        return wrap_result(x, _index(ctx))
     if isinstance(x, (list, tuple)):
         return type(x)(_to_rbln(v, ctx) for v in x)
     return x
@@ -232,6 +239,9 @@ def _fresh_out(x, ctx: _Ctx, shaped: bool = True):
     shape and strides (the kernel sees what the caller passed); else with no elements (the
     kernel sizes it without a word)."""
     if isinstance(x, torch.Tensor) and x.device.type == "rbln":
+        if x.is_nested:
+            # no stand-in: the kernel writes the host view, read first, as an in-place op's
+            return _to_cpu(x, ctx)
         if ctx.index is None:
             ctx.index = x.device.index
         f = (torch.empty_strided(x.size(), x.stride(), dtype=x.dtype) if shaped

@@ -24,6 +24,7 @@ VIEW_OPS = (
     "as_strided_",
     "_neg_view",
     "_conj",
+    "_nested_view_from_buffer",   # a nested tensor over the buffer's storage (its metadata on the CPU)
 )
 
 
