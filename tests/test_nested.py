@@ -50,18 +50,34 @@ def _components(*lengths, dim=8):
 # the fast paths
 
 
+def _fast_path(module, *args, **kwargs):
+    """``module(*args, **kwargs)`` in eval mode under no_grad on the CPU and, a copy of it, on
+    rbln with the tensor arguments moved there (one argument given twice stays one tensor);
+    asserts the outputs are equal and returns the rbln run's events."""
+    module = module.eval()
+    module_r = copy.deepcopy(module).to(DEV)
+    moved: dict = {}
+
+    def to_rbln(v):
+        return moved.setdefault(id(v), v.to(DEV)) if isinstance(v, torch.Tensor) else v
+    args_r, kwargs_r = [to_rbln(a) for a in args], {k: to_rbln(v) for k, v in kwargs.items()}
+    with torch.no_grad():
+        want = module(*args, **kwargs)
+        with Events() as ev:
+            got = module_r(*args_r, **kwargs_r)
+    if isinstance(want, tuple):                    # MultiheadAttention: (output, weights)
+        want, got = want[0], got[0]
+    _same(got, want)
+    return ev
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_encoder_fast_path_with_padding_mask_matches_cpu(norm_first):
     x, mask = _inputs()
-    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True,
-                                                           norm_first=norm_first),
-                                2, enable_nested_tensor=True).eval()
-    enc_r = copy.deepcopy(enc).to(DEV)
-    with torch.no_grad():
-        want = enc(x, src_key_padding_mask=mask)
-        with Events() as ev:
-            got = enc_r(x.to(DEV), src_key_padding_mask=mask.to(DEV))
-    _same(got, want)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=norm_first)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+    ev = _fast_path(enc, x, src_key_padding_mask=mask)
     # the fused layer ran (the fast path), once per layer, on the host
     assert ev.count("host_op", "aten::_transformer_encoder_layer_fwd") == 2
     # with post-norm layers the encoder packs the batch into a nested tensor (PyTorch turns the
@@ -72,58 +88,31 @@ def test_encoder_fast_path_with_padding_mask_matches_cpu(norm_first):
 
 
 def test_encoder_fast_path_without_mask_matches_cpu():
-    x, _ = _inputs()
-    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2).eval()
-    enc_r = copy.deepcopy(enc).to(DEV)
-    with torch.no_grad(), Events() as ev:
-        got = enc_r(x.to(DEV))
-    with torch.no_grad():
-        _same(got, enc(x))
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2)
+    ev = _fast_path(enc, _inputs()[0])
     assert ev.count("host_op", "aten::_transformer_encoder_layer_fwd") == 2
 
 
-def test_encoder_layer_on_a_nested_tensor_matches_cpu():
-    parts = _components(2, 5, 4)
-    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, activation="gelu").eval()
-    layer_r = copy.deepcopy(layer).to(DEV)
-    with torch.no_grad():
-        want = layer(torch.nested.nested_tensor(parts))
-        with Events() as ev:
-            got = layer_r(torch.nested.nested_tensor(parts, device=DEV))
-    assert got.is_nested and got.device.type == "rbln"
-    _same(got, want)
-    assert ev.count("host_op", "aten::_transformer_encoder_layer_fwd") == 1
-
-
-def test_encoder_layer_with_padding_mask_matches_cpu():
-    x, mask = _inputs()
-    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
-    layer_r = copy.deepcopy(layer).to(DEV)
-    with torch.no_grad():
-        want = layer(x, src_key_padding_mask=mask)
-        with Events() as ev:
-            got = layer_r(x.to(DEV), src_key_padding_mask=mask.to(DEV))
-    _same(got, want)
+@pytest.mark.parametrize("nested", [False, True], ids=["padding-mask", "nested"])
+def test_encoder_layer_fast_path_matches_cpu(nested):
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, activation="gelu")
+    if nested:
+        ev = _fast_path(layer, torch.nested.nested_tensor(_components(2, 5, 4)))
+    else:
+        x, mask = _inputs()
+        ev = _fast_path(layer, x, src_key_padding_mask=mask)
     assert ev.count("host_op", "aten::_transformer_encoder_layer_fwd") == 1
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["padding-mask", "nested"])
 def test_multihead_attention_fast_path_matches_cpu(nested):
-    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
-    mha_r = copy.deepcopy(mha).to(DEV)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
     if nested:
-        parts = _components(2, 5)
-        q, qr, kw, kwr = (torch.nested.nested_tensor(parts),
-                          torch.nested.nested_tensor(parts, device=DEV), {}, {})
+        q = torch.nested.nested_tensor(_components(2, 5))
+        ev = _fast_path(mha, q, q, q, need_weights=False)
     else:
         q, mask = _inputs()
-        qr = q.to(DEV)
-        kw, kwr = {"key_padding_mask": mask}, {"key_padding_mask": mask.to(DEV)}
-    with torch.no_grad():
-        want, _ = mha(q, q, q, need_weights=False, **kw)
-        with Events() as ev:
-            got, _ = mha_r(qr, qr, qr, need_weights=False, **kwr)
-    _same(got, want)
+        ev = _fast_path(mha, q, q, q, key_padding_mask=mask, need_weights=False)
     assert ev.count("host_op", "aten::_native_multi_head_attention") == 1
 
 
