@@ -164,7 +164,7 @@ def test_unbind_and_printing():
     "tanh", "neg", "abs", "softmax", "sum", "to_padded", "to_padded_func", "to_padded_size",
     "linear", "matmul", "bmm", "layer_norm", "transpose", "reshape", "view", "unsqueeze",
     "chunk", "narrow", "select", "clone", "contiguous", "zeros_like", "ones_like", "masked_fill",
-    "to_half", "ge",
+    "to_half", "ge", "cat",
 ])
 def test_op_matches_cpu(name):
     a, b = _components(2, 4, dim=6), _components(2, 4, dim=6)
@@ -205,12 +205,22 @@ def test_op_matches_cpu(name):
         "masked_fill": lambda x, y, w, b: x.masked_fill(y > 0, 7.0),
         "to_half": lambda x, y, w, b: x.to(torch.float16),
         "ge": lambda x, y, w, b: x >= 0.5,
+        "cat": lambda x, y, w, b: torch.cat([x, y]),
     }
     f = ops[name]
     want = f(torch.nested.nested_tensor(a), torch.nested.nested_tensor(b), w, bias)
     got = f(torch.nested.nested_tensor(a, device=DEV), torch.nested.nested_tensor(b, device=DEV),
             w.to(DEV), bias.to(DEV))
     _same(got, want)
+
+
+def test_empty_nested_tensors():
+    for parts in ([], [torch.zeros(0, 3), torch.ones(2, 3)]):
+        c = torch.nested.nested_tensor(parts)
+        r = torch.nested.nested_tensor(parts, device=DEV)
+        _same(r, c)
+        _same(r + 1, c + 1)
+        _same(r.clone(), c.clone())
 
 
 def test_errors_are_the_cpus():

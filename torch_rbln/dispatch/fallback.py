@@ -168,7 +168,12 @@ def _to_rbln(x, ctx: _Ctx):
         st = x.untyped_storage()
         if x.is_nested:
             owner = ctx.by_ptr.get(st.data_ptr()) if st.nbytes() else None
-            return nested.to_rbln(x, _index(ctx)) if owner is None else nested.view_of(x, owner)
+            if owner is not None:
+                return nested.view_of(x, owner)
+            r = nested.to_rbln(x, _index(ctx))
+            if st.nbytes():     # another result over the same buffer: a view of this one
+                ctx.by_ptr[st.data_ptr()] = r
+            return r
         if not st.nbytes():
             owner = None
         elif not x.data_ptr():

@@ -14,7 +14,7 @@ metadata (nested sizes, strides, storage offsets) small CPU tensors. Ops on it d
   transformer fast path's fused ops): the CPU nested kernel, run by the boxed CPU fallback
   (``fallback.py``) on a CPU nested tensor over the buffer's host view (:func:`host_view`); its
   results come back as rbln nested tensors (:func:`to_rbln`). A ``host_op`` in the fallback log
-  and ``explain()``, with the reads and writes of any other host op.
+  and for ``torch.rbln.guard``, with the reads, writes and transfers of any other host op.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ _offsets = _aten._nested_tensor_storage_offsets.default._handle
 _values = _aten.values.default._handle
 _from_buffer = _aten._nested_view_from_buffer.default._handle
 _as_strided = _aten.as_strided.default._handle
+_empty_like = _aten.empty_like.default._handle
 
 # overloads whose nested kernel only rewrites metadata, or works on the buffer through dense ops
 # (which reach rbln's dense kernels); each runs on the rbln tensor itself
@@ -49,6 +50,7 @@ ON_RBLN = (
 # sizes), so they are registered on the key to take the CPU fallback like every other op
 ON_HOST = ("linear", "matmul", "matmul.out", "silu_backward", "value_selecting_reduction_backward")
 
+
 def _metadata(t: torch.Tensor) -> tuple:
     """(nested sizes, nested strides, storage offsets) of a nested tensor on either side."""
     return (_sizes.redispatch_boxed(NESTED_CPU_KEYSET, t),
@@ -64,7 +66,12 @@ def storage_tensor(t: torch.Tensor) -> torch.Tensor:
 def _view_over(buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A nested tensor with ``like``'s metadata over flat ``buffer``'s storage (the storage
     offsets count from the storage's start)."""
-    return _from_buffer.redispatch_boxed(CPU_KEYSET, buffer, *_metadata(like))
+    meta = _metadata(like)
+    if meta[0].dim() != 2:
+        # no components (``nested_tensor([])``: 0-dim sizes, which the view constructor refuses):
+        # nothing to share, an empty one on the buffer's side does
+        return _empty_like.redispatch_boxed(NESTED_CPU_KEYSET, like, device=buffer.device)
+    return _from_buffer.redispatch_boxed(CPU_KEYSET, buffer, *meta)
 
 
 def host_view(t: torch.Tensor, state) -> torch.Tensor:
