@@ -18,13 +18,7 @@ RANDOM_OPS = frozenset({
 _SPARSE = ("sparse layouts are not supported: an rbln storage holds strided tensors only "
            "(the sample cannot even be built on rbln)")
 
-_LAYER_NORM = ("a backend without its own kernel gets PyTorch's generic composite "
-               "(math_native_layer_norm), not the CPU kernel: for an empty input it returns fp32 "
-               "mean/rstd where the CPU returns the input dtype, and for a one-element "
-               "normalised shape rstd differs at rounding level (full mode only)")
-
 KNOWN: dict = {
-    ("native_layer_norm", "*"): _LAYER_NORM,
     ("to_sparse", "*"): _SPARSE,
     ("sparse.mm.reduce", "*"): _SPARSE,
     ("sparse.sampled_addmm", "*"): _SPARSE,
@@ -32,10 +26,6 @@ KNOWN: dict = {
 
 # Input gradients (``test_opinfo_grad``) that do not match the CPU's, each with its reason.
 KNOWN_GRAD: dict = {
-    # a one-element normalised shape: the input gradient is 0 up to rounding, amplified by
-    # rstd (1/sqrt(eps) ~ 316): the composite's rounding differs from the CPU kernel's
-    ("native_layer_norm", "*"): _LAYER_NORM,
-    ("nn.functional.layer_norm", "*"): _LAYER_NORM,
     ("to_sparse", "*"): _SPARSE,
     ("sparse.mm.reduce", "*"): _SPARSE,
     ("sparse.sampled_addmm", "*"): _SPARSE,

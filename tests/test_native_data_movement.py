@@ -6,6 +6,7 @@ table's device-to-device rows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import event_delta, warm_path
@@ -68,9 +69,9 @@ def _copies():
     torch.manual_seed(1)
     a = torch.randn(4, 64).to(H)
 
-    def overlapping():
+    def one_storage():
         x = a.to(D) * 1
-        return x[:-1], x[1:]
+        return x[:2], x[2:]
 
     return [
         ("direct, device-latest", lambda: (a.to(D) * 1, torch.empty(4, 64, dtype=H, device=D))),
@@ -81,7 +82,7 @@ def _copies():
         ("broadcast", lambda: (a[:1].to(D), torch.empty(4, 64, dtype=H, device=D))),
         ("strided destination", lambda: (a.t().to(D) * 1, torch.empty(4, 64, dtype=H,
                                                                        device=D).t())),
-        ("one storage", overlapping),
+        ("one storage", one_storage),
         ("partial destination", lambda: (a[:2].to(D) * 1, (a.to(D) * 3)[1:3])),
         ("empty", lambda: (torch.empty(0, dtype=H, device=D), torch.empty(0, dtype=H, device=D))),
         ("from the host (Python)", lambda: (a, torch.empty(4, 64, dtype=H, device=D))),
@@ -124,9 +125,18 @@ def test_native_copies_match_the_cpu():
     for name, make in _copies():
         src, dst = make()
         ref = dst.cpu().copy_(src.cpu()) if dst.numel() else dst.cpu()
-        if name == "one storage":       # source and destination overlap: compare with the CPU's
-            x = src._base.cpu()
-            x[1:].copy_(x[:-1].clone())
-            ref = x[1:]
         dst.copy_(src)
         assert torch.equal(dst.cpu(), ref), name
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_partly_overlapping_copy_raises_as_the_cpu(on):
+    x = torch.randn(4, 64).to(H)
+    with pytest.raises(RuntimeError) as cpu:
+        x[1:].copy_(x[:-1])
+    r = x.to(D) * 1
+    before = r.cpu()
+    with warm_path(on), pytest.raises(RuntimeError) as dev:
+        r[1:].copy_(r[:-1])
+    assert str(dev.value) == str(cpu.value)
+    assert torch.equal(r.cpu(), before)          # nothing written

@@ -162,10 +162,20 @@ def test_copy_every_direction(src_dev, dst_dev, case):
 
 
 def test_copy_between_overlapping_views():
+    # partly overlapping views of one storage: the CPU's error; the same view, or disjoint
+    # views: the CPU's copy
     x = torch.arange(128.0)
     r = x.to(D)
-    r[1:65].copy_(r[0:64])
-    x[1:65].copy_(x[0:64].clone())
+    for dst, src in ((slice(1, 65), slice(0, 64)), (slice(0, 64), slice(32, 96))):
+        with pytest.raises(RuntimeError, match="refer to a single memory location") as cpu:
+            x[dst].copy_(x[src])
+        with pytest.raises(RuntimeError) as dev:
+            r[dst].copy_(r[src])
+        assert str(dev.value) == str(cpu.value)
+    for t in (x, r):
+        t[0:64].copy_(t[64:128])
+        t[8:16].copy_(t[8:16])
+        t.view(8, 16)[:, :8].copy_(t.view(8, 16)[:, 8:])
     same(r, x)
 
 

@@ -160,12 +160,11 @@ void copy_from_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
       db->host_write(spans_bytes(dst, db->nbytes));
       db->host_alias(dst).copy_(sb->host_alias(src));
     } else {  // a dtype conversion, broadcast, strided or cross-device copy through the host
+      // (within one storage both aliases share one CPU storage: the CPU's copy_ decides about
+      // overlap, as copy.py's _d2d)
       events::record(bounce_d2d, nbytes);
       sb->host_read();
-      at::Tensor src_cpu = sb->host_alias(src);
-      if (same) {
-        src_cpu = src_cpu.clone();  // overlapping source and destination
-      }
+      const at::Tensor src_cpu = sb->host_alias(src);
       db->host_write(spans_bytes(dst, db->nbytes));
       db->host_alias(dst).copy_(src_cpu);
     }

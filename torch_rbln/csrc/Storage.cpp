@@ -53,6 +53,17 @@ class HostPool {
         return p;
       }
     }
+    return fresh(size);
+  }
+
+  // new memory; a view of a page or more starts on a page, so that its whole pages (those a
+  // release gives back) do not depend on where malloc happened to place it
+  static void* fresh(int64_t size) {
+    static const auto page = static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+    void* p = nullptr;
+    if (size >= page && posix_memalign(&p, static_cast<size_t>(page), size) == 0) {
+      return p;  // freed as c10::alloc_cpu's memory is (c10::free_cpu: free)
+    }
     return c10::alloc_cpu(size);
   }
 

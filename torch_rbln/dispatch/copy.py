@@ -105,18 +105,25 @@ def _d2d(src: torch.Tensor, dst: torch.Tensor) -> None:
         db.host_write(whole=spans_storage(dst, db.nbytes))
         db.host_alias(dst).copy_(sb.host_alias(src))
         return
-    # non-direct: dtype conversion, broadcast, strided or cross-device copy through the host
+    # non-direct: dtype conversion, broadcast, strided or cross-device copy through the host.
+    # Within one storage both host aliases share one CPU storage: the CPU's copy_ itself decides
+    # about overlap (the same view: nothing to do; partly overlapping: its error)
     _record("bounce", "copy_d2d_host_bounce", nbytes)
     sb.host_read()
     src_cpu = sb.host_alias(src)
-    if same:
-        src_cpu = src_cpu.clone()   # overlapping source and destination
     db.host_write(whole=spans_storage(dst, db.nbytes))
     db.host_alias(dst).copy_(src_cpu)
 
 
+# the dtype of the 0-dim tensor PyTorch wraps a Python number in (``copy_(2.0)`` reaches the
+# kernel as the number itself)
+_WRAPPED = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
 def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``aten::_copy_from(self, dst)``: copy ``self`` into ``dst``."""
+    if not isinstance(self, torch.Tensor):     # a Python number: cast and broadcast as the CPU
+        self, non_blocking = torch.tensor(self, dtype=_WRAPPED[type(self)]), False
     s_rbln = self.device.type == "rbln"
     d_rbln = dst.device.type == "rbln"
     if dst.numel() == 0:
@@ -133,6 +140,8 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
 
 
 def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if not isinstance(self, torch.Tensor):
+        self = torch.tensor(self, dtype=_WRAPPED[type(self)])
     if dst.shape != self.shape:
         if dst.device.type == "rbln":
             factories.resize_(dst, self.shape)
@@ -141,9 +150,15 @@ def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return copy_from(self, dst)
 
 
+_local_scalar_dense_cpu = torch.ops.aten._local_scalar_dense.default._op
+
+
 def local_scalar_dense(self: torch.Tensor):
-    """``.item()``: a host read of one element."""
-    return host_input(self).item()
+    """``.item()``: a host read of one element. Anything but one element (a direct call of
+    the op) goes to the CPU kernel: its message for an empty tensor, the first element of
+    several."""
+    t = host_input(self)
+    return t.item() if t.numel() == 1 else _local_scalar_dense_cpu(t)
 
 
 # Copies into (or from) a conjugate or negative view reach the copy engine with the view's

@@ -31,6 +31,7 @@ _perf_ns = time.perf_counter_ns
 _HALF = executors.HALF
 _Tensor = torch.Tensor
 _can_cast = torch.can_cast
+_internal_overlap = torch._debug_has_internal_overlap     # 1: yes (0: no, 2: too hard to say)
 _lookup = compiler._cache.get
 _enter_program = _C.enter_program
 _leave_program = _C.leave_program
@@ -69,18 +70,25 @@ def _host_args(args):
     return out
 
 
+def _overlaps_itself(out) -> bool:
+    """Elements of ``out`` share memory (an expanded tensor): what the op does then is its CPU
+    kernel's to say (``add_`` refuses, ``masked_fill_`` warns and writes); a copy of a result
+    into it would always refuse."""
+    return not out.is_contiguous() and _internal_overlap(out) == 1
+
+
 def _fits(result, out, args, in_place: bool) -> bool:
     """The functional op's ``result`` computed on the host views, written into ``out``, is what
     the op's out= kernel gives: PyTorch's casting rule holds (an in-place call, such as
     ``x.add_(y)`` reaching ``add.out`` with ``out=x``: the result has ``x``'s dtype and shape),
-    and no other operand shares ``out``'s memory (PyTorch refuses partly overlapping
-    operands)."""
+    no other operand shares ``out``'s memory (PyTorch refuses partly overlapping operands),
+    and ``out`` does not overlap itself."""
     if in_place:
         if result.dtype != out.dtype or result.shape != out.shape:
             return False
     elif not _can_cast(result.dtype, out.dtype):
         return False
-    return not fallback.shares_memory(out, args)
+    return not fallback.shares_memory(out, args) and not _overlaps_itself(out)
 
 
 def make_kernel(entry: OpEntry, registered_name: str):
@@ -186,6 +194,8 @@ def make_kernel(entry: OpEntry, registered_name: str):
             if out is not None and mode == "out":
                 full[out_name] = out
             return fallback.run_on_cpu(registered, args, full)
+        if out is not None and _overlaps_itself(out):
+            return run_fallback("overlapping-output", args, kwargs, out, index)
         reason = gate(args, kwargs) if gate is not None else None
         if reason is None:
             reason = checks.check(entry, tensors, dtype_tensors, scalars, args, kwargs)

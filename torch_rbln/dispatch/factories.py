@@ -52,6 +52,17 @@ def resize_(self, size, memory_format=None):
     return self
 
 
+def resize_like(self, result):
+    """Resize an out= tensor to ``result``'s shape as PyTorch resizes an output (TensorIterator,
+    structured kernels): a resized output takes the computed result's strides where they are
+    dense (``torch.add(x.permute(0, 2, 1), 1, out=torch.empty(0))`` keeps the permuted layout)."""
+    resize_(self, result.shape)
+    if self.stride() != result.stride() and torch._debug_has_internal_overlap(result) == 0:
+        _set_storage.redispatch(CPU_KEYSET, self, self.untyped_storage(), self.storage_offset(),
+                                result.shape, result.stride())
+    return self
+
+
 def set_source_storage(self, source):
     return _set_storage.redispatch(CPU_KEYSET, self, source, 0, (source.nbytes() // self.element_size(),), (1,))
 

@@ -11,16 +11,20 @@ host view is the CPU result's memory). docs/debugging.md ("CPU fallback").
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .. import config, events
 from ..runtime import devices, generators
-from ..runtime.storage import CPU_KEYSET, host_input, state_of
+from ..runtime.storage import CPU_KEYSET, HOST, host_input, state_of
 from . import cuda_dtypes, factories, layouts, nested
+from .layout import spans_storage
 from .results import wrap_result
 
 _record = events.record
 _as_strided = torch.ops.aten.as_strided.default._handle
+_internal_overlap = torch._debug_has_internal_overlap   # 0: no, 1: yes, 2: too hard to say
 
 # PrivateUse1 entry points that have no CPU kernel: the host runs their generic twin instead.
 _HOST_TWIN = ("aten::convolution_overrideable", "aten::convolution_backward_overrideable")
@@ -39,15 +43,24 @@ _FUNCTIONAL_AS_IS = ("index.Tensor", "reflection_pad3d", "reflection_pad3d_backw
 # CPU kernel as CUDA runs its own.
 _DEVICE_CHECKED = ("mode.values",)
 
+# Ops PyTorch gives the CPU (and CUDA) a kernel of their own and every other backend a generic
+# CompositeExplicitAutograd one: registered for rbln, they run the CPU kernel, with its argument
+# checks (``addr``'s "Boolean beta only supported for Boolean results", which the composite
+# skips) and its numerics (``native_layer_norm``'s mean and rstd in the input's dtype).
+# tests/test_cpu_parity.py holds this list equal to what the dispatcher says.
+CPU_OVER_COMPOSITE = ("addr", "addr.out", "all.dims", "all.dims_out", "any.dims", "any.dims_out",
+                      "_stack", "_stack.out", "native_layer_norm", "linalg__powsum")
+
 
 class _Ctx:
-    __slots__ = ("index", "by_ptr", "aliases", "outs")
+    __slots__ = ("index", "by_ptr", "aliases", "outs", "real")
 
     def __init__(self):
         self.index = None
         self.by_ptr = {}      # host storage ptr -> rbln tensor (an input that owns it)
         self.aliases = []     # (cpu alias, rbln tensor)
         self.outs = []        # (cpu stand-in for an out= argument, rbln tensor)
+        self.real = []        # (host alias given as an out= argument, rbln tensor)
 
 
 def _to_cpu(x, ctx: _Ctx):
@@ -102,15 +115,24 @@ def _mark_written(op: torch._ops.OpOverload, args, kwargs, ctx: _Ctx) -> None:
 def _sync_back(t: torch.Tensor, ctx: _Ctx) -> None:
     state = state_of(t)
     a = next((a for a, r in ctx.outs if r is t), None)
-    if a is not None:
-        # an out= stand-in: bring its data (and any resize the kernel did) into the rbln tensor
-        if a.shape != t.shape:
-            factories.resize_(t, a.shape)
-            state = state_of(t)
-        state.host_write(whole=False)
-        state.host_alias(t).copy_(a)
-        return
-    state.host_write(whole=False)
+    if a is None:
+        a = next((a for a, r in ctx.real if r is t), None)
+        if a is None or (a.shape == t.shape and a.stride() == t.stride()
+                         and a.storage_offset() == t.storage_offset()):
+            state.host_write(whole=False)    # written in place, on the host view
+            return
+        # an out= host alias the kernel resized within the storage's memory: its data, then
+        # the new shape for the rbln tensor, as a stand-in's
+        a = a.clone()
+    # an out= stand-in: bring its data (and any resize the kernel did) into the rbln tensor.
+    # It holds every element (a kernel sizing an output writes all of it; a stand-in of a kernel
+    # that may read its output started with its contents): old ones on the device are not
+    # fetched unless the tensor leaves some of its storage out
+    if a.shape != t.shape:
+        factories.resize_like(t, a)
+        state = state_of(t)
+    state.host_write(whole=state.residency != HOST and spans_storage(t, state.nbytes))
+    state.host_alias(t).copy_(a)
 
 
 _GEN_SLOT: dict = {}
@@ -238,24 +260,71 @@ def _structured_out(op: torch._ops.OpOverload) -> bool:
     return res
 
 
-def _fresh_out(x, ctx: _Ctx, shaped: bool = True):
+def _fresh_out(x, ctx: _Ctx, shaped: bool = True, real: bool = False):
     """A CPU stand-in for an ``out=`` rbln tensor: the kernel may resize it freely; the result
     is copied back (and the rbln tensor resized) afterwards. ``shaped``: with the rbln tensor's
     shape and strides (the kernel sees what the caller passed); else with no elements (the
-    kernel sizes it without a word)."""
+    kernel sizes it without a word). ``real``: a tensor with elements is given as its host
+    alias instead (see :func:`_real_outs`)."""
     if isinstance(x, torch.Tensor) and x.device.type == "rbln":
         if x.is_nested:
             # no stand-in: the kernel writes the host view, read first, as an in-place op's
             return _to_cpu(x, ctx)
         if ctx.index is None:
             ctx.index = x.device.index
+        if real and x.numel():
+            # an input that is also the output: the very alias it has, as PyTorch sees one
+            # tensor (``is_same``) where the caller passed one
+            a = next((a for a, r in ctx.aliases if r is x), None)
+            if a is None:
+                a = _to_cpu(x, ctx)
+            ctx.real.append((a, x))
+            return a
         f = (torch.empty_strided(x.size(), x.stride(), dtype=x.dtype) if shaped
              else torch.empty(0, dtype=x.dtype))
         ctx.outs.append((f, x))
         return f
     if isinstance(x, (list, tuple)):
-        return type(x)(_fresh_out(v, ctx, shaped) for v in x)
+        return type(x)(_fresh_out(v, ctx, shaped, real) for v in x)
     return x
+
+
+def _real_outs(structured: bool, outs, args, kwargs) -> bool:
+    """The kernel gets the ``out=`` tensors themselves (their host aliases, contents and all)
+    rather than stand-ins: unless it is a structured op's out= form (which writes its outputs
+    and reads nothing of them) whose outputs neither overlap themselves nor share memory with
+    another rbln operand. Then PyTorch's own kernel sees what a CPU caller's would: the data it
+    accumulates into (``_compute_linear_combination``), the overlap it refuses (``cross(x, y,
+    out=x)``) or allows (``threshold_`` of an expanded tensor)."""
+    if not structured:
+        return True
+    operands = (*args, *(v for k, v in kwargs.items() if k not in outs))
+    for k in outs:
+        for t in _tensors(kwargs.get(k)):
+            if t.get_device() >= 0 and t.numel() and (
+                    _not_dense(t) or shares_memory(t, operands, itself=True)):
+                return True
+    return False
+
+
+def _tensors(v) -> tuple:
+    if isinstance(v, torch.Tensor):
+        return (v,)
+    if isinstance(v, (list, tuple)):
+        return tuple(x for x in v if isinstance(x, torch.Tensor))
+    return ()
+
+
+def _not_dense(t: torch.Tensor) -> bool:
+    """``t`` may overlap itself or have gaps (PyTorch's ``has_internal_overlap`` is not NO)."""
+    return not t.is_contiguous() and _internal_overlap(t) != 0
+
+
+def _holding(a: torch.Tensor) -> torch.Tensor:
+    """A stand-in holding the contents of the host alias ``a`` (with its layout when dense)."""
+    if not _not_dense(a):
+        return torch.empty_strided(a.size(), a.stride(), dtype=a.dtype).copy_(a)
+    return a.clone(memory_format=torch.contiguous_format)
 
 
 def _call(op, args, kwargs, index: int):
@@ -275,13 +344,16 @@ def _call(op, args, kwargs, index: int):
 def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     """Run ``op`` on the host views of its rbln arguments; results come back as rbln tensors.
 
-    ``out=`` arguments are CPU stand-ins, copied into the rbln tensors afterwards (exactly the
-    elements of a view). A structured op gets stand-ins without elements: its out= kernel may
-    warn about resizing an output of the very shape its functional form allocated (``mse_loss``
-    does), which a CPU caller of the functional form never sees. Only when the result's shape
-    differs from an ``out=`` tensor that holds elements does the kernel run again on stand-ins
-    shaped like the caller's, drawing the same random numbers: then its own rule applies
-    (PyTorch's resize warning, or an error)."""
+    ``out=`` arguments with elements are the rbln tensors' host aliases (:func:`_real_outs`),
+    except those of a structured op that neither overlap themselves nor share memory with
+    another operand: these are CPU stand-ins, copied into the rbln tensors afterwards (exactly
+    the elements of a view; a resized one takes the stand-in's layout). Such a structured op
+    gets stand-ins without elements: its out= kernel may warn about resizing an output of the
+    very shape its functional form allocated (``mse_loss`` does), which a CPU caller of the
+    functional form never sees. Only when the result's shape differs from an ``out=`` tensor
+    that holds elements does the kernel run again on stand-ins shaped like the caller's,
+    drawing the same random numbers: then its own rule applies (PyTorch's resize warning, or
+    an error)."""
     plain = _PLAIN_OUT.get(op)
     if plain is None:
         plain = _PLAIN_OUT[op] = _plain_structured_out(op)
@@ -293,12 +365,30 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     cpu_args = _to_cpu(args, ctx)
     outs = _out_names(op) if kwargs else ()
     sized = bool(outs) and _structured_out(op)
-    cpu_kwargs = {k: (_fresh_out(v, ctx, not sized) if k in outs else _to_cpu(v, ctx))
+    real = bool(outs) and _real_outs(sized, outs, args, kwargs)
+    sized = sized and not real
+    cpu_kwargs = {k: (_fresh_out(v, ctx, not sized, real) if k in outs else _to_cpu(v, ctx))
                   for k, v in kwargs.items()} if kwargs else {}
     cpu_args, cpu_kwargs, gen = _device_generator(op, cpu_args, cpu_kwargs, ctx)
     index = _index(ctx)
-    state = gen.get_state() if sized and gen is not None else None
-    out = _call(op, cpu_args, cpu_kwargs, index)
+    state = gen.get_state() if (sized or real) and gen is not None else None
+    try:
+        out = _call(op, cpu_args, cpu_kwargs, index)
+    except RuntimeError as e:
+        if not (ctx.real and _NOT_RESIZABLE in str(e)):
+            raise
+        # an out= tensor the kernel grows past its memory (PyTorch moves it to new memory; a
+        # host alias cannot move): again on stand-ins that hold its contents, its warnings
+        # given once already (the kernel resizes before it writes)
+        if state is not None:
+            gen.set_state(state)
+        stand_in = {id(a): _holding(a) for a, _ in ctx.real}
+        ctx.outs.extend((stand_in[id(a)], r) for a, r in ctx.real)
+        ctx.real.clear()
+        cpu_kwargs.update({k: _replace(cpu_kwargs[k], stand_in) for k in outs if k in cpu_kwargs})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = _call(op, cpu_args, cpu_kwargs, index)
     if sized and any(a.shape != r.shape and r.numel() for a, r in ctx.outs):
         if state is not None:
             gen.set_state(state)
@@ -308,6 +398,16 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
     if op._schema.is_mutable:
         _mark_written(op, args, kwargs, ctx)
     return _to_rbln(layouts.checked(out, op.name()), ctx)
+
+
+# PyTorch's message for a resize of a host alias past its memory (its storage cannot move)
+_NOT_RESIZABLE = "Trying to resize storage that is not resizable"
+
+
+def _replace(v, by_id: dict):
+    if isinstance(v, (list, tuple)):
+        return type(v)(_replace(x, by_id) for x in v)
+    return by_id.get(id(v), v)
 
 
 _PLAIN_OUT: dict = {}
@@ -343,6 +443,8 @@ def _run_plain_out(op, out_name: str, args, kwargs):
     for a in args:
         if isinstance(a, (list, tuple, torch.device, torch.Generator)):
             return None
+    if o.numel() and (_not_dense(o) or shares_memory(o, args, itself=True)):
+        return None     # the kernel must see the output itself (_real_outs)
     cpu_args = [host_input(a) if isinstance(a, torch.Tensor) and a.device.type == "rbln" else a
                 for a in args]
     f = torch.empty(0, dtype=o.dtype)
@@ -382,11 +484,15 @@ def _plain_op(op: torch._ops.OpOverload, args, kwargs) -> bool:
             and cuda_dtypes.unchanged(op.overloadpacket, args, kwargs))
 
 
-def shares_memory(t: torch.Tensor, args) -> bool:
-    """An rbln operand among ``args``, other than ``t`` itself, uses ``t``'s storage."""
+def shares_memory(t: torch.Tensor, args, itself: bool = False) -> bool:
+    """An rbln operand among ``args``, other than ``t`` itself (unless ``itself``), uses
+    ``t``'s storage."""
     ptr = t.untyped_storage().data_ptr()
-    return any(isinstance(a, torch.Tensor) and a is not t and a.device.type == "rbln"
-               and a.untyped_storage().data_ptr() == ptr for a in args)
+    for a in args:
+        if (isinstance(a, torch.Tensor) and (itself or a is not t) and a.get_device() >= 0
+                and a.untyped_storage().data_ptr() == ptr):
+            return True
+    return False
 
 
 _TENSOR_SLOTS: dict = {}
@@ -433,10 +539,44 @@ def boxed_fallback(op: torch._ops.OpOverload, *args, **kwargs):
 def _host_op(op, args, kwargs):
     """An op without a device kernel, run on the CPU; a profile's trace names the host run as
     a device op's fallback is named (``rbln::cpu_fallback(<reason>)``)."""
-    if events._tap_on:
-        with torch.profiler.record_function("rbln::cpu_fallback(no-device-kernel)"):
-            return run_on_cpu(op, args, kwargs)
-    return run_on_cpu(op, args, kwargs)
+    try:
+        if events._tap_on:
+            with torch.profiler.record_function("rbln::cpu_fallback(no-device-kernel)"):
+                return run_on_cpu(op, args, kwargs)
+        return run_on_cpu(op, args, kwargs)
+    except NotImplementedError:
+        if _cpu_runs(op):
+            raise
+        raise NotImplementedError(_no_cpu_kernel(op)) from None
+
+
+_CPU_KEYS = ("CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+             "CompositeImplicitAutograd")
+
+
+def _has_kernel(name: str, key: str) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+    except RuntimeError:        # no such operator
+        return False
+
+
+def _cpu_runs(op) -> bool:
+    """The CPU can run ``op``: a CPU kernel, or a composite one every backend gets."""
+    return any(_has_kernel(op.name(), k) for k in _CPU_KEYS)
+
+
+def _no_cpu_kernel(op) -> str:
+    """Why an op without a device kernel fails on rbln: the host run has no CPU kernel
+    (``_convert_weight_to_int4pack``: PyTorch packs int4 weights for CUDA and MPS only)."""
+    name = op.name()
+    msg = (f"The operator `{name}` cannot run on RBLN devices: an op without an rbln kernel "
+           f"runs on the host's CPU kernel, and PyTorch has none for this one (it implements "
+           f"it for accelerators such as CUDA only).")
+    if _has_kernel(name + "_for_cpu", "CPU"):
+        msg += (f" PyTorch's CPU form of it is `{name}_for_cpu` (with its own input layout): "
+                f"call that on CPU tensors instead.")
+    return msg
 
 
 def host_kernels() -> dict:
@@ -459,7 +599,7 @@ def host_kernels() -> dict:
     for name in _HOST_TWIN:
         n = name.split("::")[1]
         out[n] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(overload(n))
-    for name in _FUNCTIONAL_AS_IS + _DEVICE_CHECKED:
+    for name in _FUNCTIONAL_AS_IS + _DEVICE_CHECKED + CPU_OVER_COMPOSITE:
         out[name] = (lambda op: lambda *a, **k: boxed_fallback(op, *a, **k))(overload(name))
     return out
 

@@ -31,8 +31,10 @@ def wrap_result(x, index):
     return x
 
 
-def resize_out(out, shape) -> None:
-    """Resize an ``out=`` tensor to the result's shape, warning as PyTorch's kernels do."""
+def resize_out(out, result) -> None:
+    """Resize an ``out=`` tensor to ``result``'s shape (and dense layout), warning as PyTorch's
+    kernels do."""
+    shape = result.shape
     if out.numel():
         warnings.warn(
             f"An output with one or more elements was resized since it had shape "
@@ -41,7 +43,7 @@ def resize_out(out, shape) -> None:
             f"resized unless they have zero elements. You can explicitly reuse an out tensor t "
             f"by resizing it, inplace, to zero elements with t.resize_(0).", UserWarning,
             stacklevel=user_frames.stacklevel())
-    factories.resize_(out, shape)
+    factories.resize_like(out, result)
 
 
 def deliver_host(result, out, index):
@@ -49,7 +51,7 @@ def deliver_host(result, out, index):
     if out is None:
         return wrap_result(result, index)
     if out.shape != result.shape:
-        resize_out(out, result.shape)
+        resize_out(out, result)
     ob = state_of(out)
     ob.host_write(whole=spans_storage(out, ob.nbytes))
     ob.host_alias(out).copy_(result)
@@ -69,7 +71,7 @@ def deliver_device(result, out, index: int):
                                  else deliver_device(r, None, index) for r in result])
         return result
     if out.shape != result.shape:
-        resize_out(out, result.shape)
+        resize_out(out, result)
     ob = state_of(out)
     whole = spans_storage(out, ob.nbytes)
     if (whole and result.dtype == out.dtype and result.stride() == out.stride()
