@@ -275,6 +275,22 @@ def _backward_on_calling_thread() -> None:
     torch.autograd._engine_run_backward = _engine_run_backward
 
 
+def _dlpack() -> None:
+    """DLPack for rbln tensors (``dlpack.py``): PyTorch's ``Tensor.__dlpack_device__`` knows
+    PrivateUse1 only by its original name and raises for ``rbln``; an export must bring the host
+    view it hands out up to date first (and leave it host-latest), and an import of an rbln
+    capsule gives the exporter's storage back, so that both sides share one residency."""
+    import torch
+    import torch.utils.dlpack
+
+    from . import dlpack
+    torch.Tensor.__dlpack_device__ = dlpack.dlpack_device(torch.Tensor.__dlpack_device__)
+    to_dlpack = dlpack.to_dlpack(torch._C._to_dlpack)
+    torch._C._to_dlpack = torch.utils.dlpack.to_dlpack = torch.to_dlpack = to_dlpack
+    torch._C._to_dlpack_versioned = dlpack.to_dlpack(torch._C._to_dlpack_versioned)
+    torch._C._from_dlpack = dlpack.from_dlpack(torch._C._from_dlpack)
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(("torch.nn.Module._apply",), "Module.to(rbln) keeps tied parameters tied",
           _module_apply),
@@ -287,6 +303,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch(("torch.autograd.graph._engine_run_backward", "torch.autograd._engine_run_backward"),
           "a backward pass runs on the calling thread (no second OpenMP team)",
           _backward_on_calling_thread),
+    Patch(("torch.Tensor.__dlpack_device__", "torch._C._to_dlpack", "torch._C._to_dlpack_versioned",
+           "torch._C._from_dlpack", "torch.utils.dlpack.to_dlpack", "torch.to_dlpack"),
+          "DLPack export and import of rbln tensors", _dlpack),
 )
 
 
@@ -348,6 +367,7 @@ PRIVATE: tuple[Hook, ...] = (
     Hook("torch.ops.aten.as_strided.default._handle", "views of fallback outputs"),
     Hook("torch._C._DispatchOperatorHandle.redispatch_boxed", "boxed redispatch of view ops"),
     Hook("torch._C._len_torch_dispatch_stack", "dispatch-mode pre-dispatch check"),
+    Hook("torch._C._data_address", "a storage's data pointer without materializing a lazy clone"),
     Hook("torch._C.TensorType", "reading operator schemas in the CPU fallback"),
     Hook("torch._C._AutoDispatchBelowAutograd", "device kernels that bypass autograd"),
     Hook("torch.Tensor._base", "whether a device op result owns its storage"),
