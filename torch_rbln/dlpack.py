@@ -17,7 +17,7 @@ CUDA tensors.
 
 PyTorch's own ``__dlpack_device__`` knows PrivateUse1 only by its original name and refuses
 ``rbln``; the rest of its protocol (the checks, the stream argument) serves rbln tensors as it
-is. ``patches.py`` installs the functions below.
+is. ``patches.py`` routes rbln tensors and capsules to the functions below.
 """
 
 from __future__ import annotations
@@ -39,47 +39,30 @@ _data_address = torch._C._data_address   # a storage's data pointer, without mat
 _exports: dict[int, tuple[weakref.ref, int]] = {}
 
 
-def dlpack_device(orig):
-    def __dlpack_device__(self):
-        if self.device.type == "rbln" and not torch.overrides.has_torch_function_unary(self):
-            return (DLDeviceType.kDLExtDev, self.device.index or 0)
-        return orig(self)
-
-    __dlpack_device__.__wrapped__ = orig
-    __dlpack_device__.__doc__ = orig.__doc__
-    return __dlpack_device__
+def device(t: torch.Tensor) -> tuple:
+    """``t.__dlpack_device__()`` of an rbln tensor: the NPU and its index."""
+    return (DLDeviceType.kDLExtDev, t.device.index or 0)
 
 
-def to_dlpack(orig):
-    """``orig`` (``torch._C._to_dlpack`` or ``_to_dlpack_versioned``) for rbln tensors too."""
-    def _to_dlpack(tensor, *, dl_device=None, copy=None):
-        if not (isinstance(tensor, torch.Tensor) and tensor.device.type == "rbln"):
-            return orig(tensor, dl_device=dl_device, copy=copy)
-        t = tensor
-        if dl_device is not None and (int(dl_device[0]), int(dl_device[1])) != (
-                EXT_DEV, t.device.index):
-            if int(dl_device[0]) != EXT_DEV or copy is False:
-                # another device type (a CPU copy through the copy engine), or PyTorch's error
-                return orig(t, dl_device=dl_device, copy=copy)
-            t = t.to(torch.device("rbln", int(dl_device[1])))
-        elif copy:
-            t = t.clone().detach()
-        _hand_over(t)
-        capsule = orig(t)
-        s = t.untyped_storage()
-        base = _data_address(t)
-        ptr = base + t.storage_offset() * t.element_size()
-        _exports[ptr] = (weakref.ref(s, lambda r, p=ptr: _forget(p, r)), base)
-        return capsule
-
-    _to_dlpack.__wrapped__ = orig
-    _to_dlpack.__doc__ = orig.__doc__
-    return _to_dlpack
-
-
-def _hand_over(t: torch.Tensor) -> None:
-    """The consumer reads the host view and may write it: up to date, and host-latest."""
+def export(orig, tensor: torch.Tensor, dl_device, copy):
+    """The capsule of rbln ``tensor`` (``orig``: ``torch._C._to_dlpack`` or
+    ``_to_dlpack_versioned``), PyTorch's ``dl_device`` / ``copy`` rules applied first."""
+    t = tensor
+    if dl_device is not None and (int(dl_device[0]), int(dl_device[1])) != (
+            EXT_DEV, t.device.index):
+        if int(dl_device[0]) != EXT_DEV or copy is False:
+            # another device type (a copy through the copy engine), or PyTorch's error
+            return orig(t, dl_device=dl_device, copy=copy)
+        t = t.to(torch.device("rbln", int(dl_device[1])))
+    elif copy:
+        t = t.clone().detach()
+    # the consumer reads the host view and may write it: up to date, and host-latest
     state_of(t).host_write(whole=False)
+    capsule = orig(t)
+    base = _data_address(t)
+    ptr = base + t.storage_offset() * t.element_size()
+    _exports[ptr] = (weakref.ref(t.untyped_storage(), lambda r, p=ptr: _forget(p, r)), base)
+    return capsule
 
 
 def _forget(ptr: int, ref) -> None:
@@ -88,19 +71,7 @@ def _forget(ptr: int, ref) -> None:
         del _exports[ptr]
 
 
-def from_dlpack(orig):
-    """``orig`` (``torch._C._from_dlpack``) giving a capsule of an rbln tensor the exporter's
-    storage back."""
-    def _from_dlpack(capsule):
-        t = orig(capsule)
-        return _on_exporter(t) if t.device.type == "rbln" else t
-
-    _from_dlpack.__wrapped__ = orig
-    _from_dlpack.__doc__ = orig.__doc__
-    return _from_dlpack
-
-
-def _on_exporter(t: torch.Tensor) -> torch.Tensor:
+def imported(t: torch.Tensor) -> torch.Tensor:
     """``t`` (PyTorch's import: a storage of its own over the capsule's memory) as the same view
     of the storage that exported that memory, while the storage lives and still has it; else
     ``t`` itself (its storage then becomes an rbln storage of its own, host-latest)."""

@@ -284,11 +284,38 @@ def _dlpack() -> None:
     import torch.utils.dlpack
 
     from . import dlpack
-    torch.Tensor.__dlpack_device__ = dlpack.dlpack_device(torch.Tensor.__dlpack_device__)
-    to_dlpack = dlpack.to_dlpack(torch._C._to_dlpack)
+    orig_device = torch.Tensor.__dlpack_device__
+
+    def __dlpack_device__(self):
+        if self.device.type == "rbln" and not torch.overrides.has_torch_function_unary(self):
+            return dlpack.device(self)
+        return orig_device(self)
+
+    def exporting(orig):
+        def _to_dlpack(tensor, *, dl_device=None, copy=None):
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "rbln":
+                return dlpack.export(orig, tensor, dl_device, copy)
+            return orig(tensor, dl_device=dl_device, copy=copy)
+
+        _to_dlpack.__wrapped__ = orig
+        _to_dlpack.__doc__ = orig.__doc__
+        return _to_dlpack
+
+    orig_import = torch._C._from_dlpack
+
+    def _from_dlpack(capsule):
+        t = orig_import(capsule)
+        return dlpack.imported(t) if t.device.type == "rbln" else t
+
+    __dlpack_device__.__wrapped__ = orig_device
+    __dlpack_device__.__doc__ = orig_device.__doc__
+    _from_dlpack.__wrapped__ = orig_import
+    _from_dlpack.__doc__ = orig_import.__doc__
+    torch.Tensor.__dlpack_device__ = __dlpack_device__
+    to_dlpack = exporting(torch._C._to_dlpack)
     torch._C._to_dlpack = torch.utils.dlpack.to_dlpack = torch.to_dlpack = to_dlpack
-    torch._C._to_dlpack_versioned = dlpack.to_dlpack(torch._C._to_dlpack_versioned)
-    torch._C._from_dlpack = dlpack.from_dlpack(torch._C._from_dlpack)
+    torch._C._to_dlpack_versioned = exporting(torch._C._to_dlpack_versioned)
+    torch._C._from_dlpack = _from_dlpack
 
 
 PATCHES: tuple[Patch, ...] = (
