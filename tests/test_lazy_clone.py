@@ -13,7 +13,8 @@ import torch
 
 from conftest import event_delta
 from torch_rbln import events
-from torch_rbln.runtime.storage import DEVICE, HOST, live_storage_states, state_of
+from torch_rbln.runtime.storage import (DEVICE, HOST, live_storage_states, shared_states,
+                                        state_of)
 
 D = "rbln"
 is_cow = torch._C._is_cow_tensor
@@ -189,7 +190,7 @@ def test_host_latest_clone_is_copied_on_the_host():
 
 def test_shared_storage_counts_its_device_memory_once_and_frees_it():
     gc.collect()
-    states = live_storage_states()
+    states, shared = live_storage_states(), shared_states()
     allocated = torch.rbln.memory_allocated()
     for _ in range(3):
         t = torch.randn(1024, dtype=torch.float16, device=D) * 1   # one block
@@ -203,7 +204,7 @@ def test_shared_storage_counts_its_device_memory_once_and_frees_it():
         del clones
         gc.collect()
         assert torch.rbln.memory_allocated() == allocated
-    assert live_storage_states() == states
+    assert live_storage_states() == states and shared_states() == shared
 
 
 def test_storage_resize_of_a_lazy_clone():

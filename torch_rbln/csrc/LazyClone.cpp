@@ -23,6 +23,7 @@
 #include <c10/core/impl/COWDeleter.h>
 #include <c10/util/ParallelGuard.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <variant>
@@ -45,6 +46,8 @@ std::unordered_map<const void*, StorageState*>& shared() {
   return *m;
 }
 
+std::atomic<int64_t> shared_count{0};  // shared().size(), read without the mutex
+
 StorageState* lookup(const void* ctx) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = shared().find(ctx);
@@ -58,6 +61,7 @@ void forget_locked(StorageState* s) {
   auto it = shared().find(s->cow);
   if (it != shared().end() && it->second == s) {
     shared().erase(it);
+    shared_count.store(static_cast<int64_t>(shared().size()), std::memory_order_relaxed);
   }
   s->cow = nullptr;
 }
@@ -101,6 +105,10 @@ StorageState* cow_state(const c10::Storage& storage) {
   return lookup(storage.data_ptr().get_context());
 }
 
+int64_t shared_states() {
+  return shared_count.load(std::memory_order_relaxed);
+}
+
 void forget_cow(StorageState* s) {
   std::lock_guard<std::mutex> lock(mutex);
   forget_locked(s);
@@ -123,6 +131,7 @@ at::Tensor lazy_clone(const at::Tensor& self) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       shared()[ctx] = s;
+      shared_count.store(static_cast<int64_t>(shared().size()), std::memory_order_relaxed);
       s->cow = ctx;
     }
     impl->set_data_ptr_noswap(c10::DataPtr(data, ctx, &cow::cow_deleter, device));

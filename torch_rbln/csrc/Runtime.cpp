@@ -204,9 +204,14 @@ void bind_runtime(py::module_& m) {
     s->device_write(covers(t, *s));
     return s->device_alias(t);
   });
-  m.def("make_writable", [](const at::Tensor& t) { state_for_write(t); },
-        "Before a write into t's storage: a lazy clone's storage that shares its memory gets "
-        "memory of its own (copy-on-write).");
+  m.def("make_writable", [](const at::Tensor& t) {
+    if (t.is_privateuseone()) {
+      state_for_write(t);
+    }
+  }, "Before a write into rbln tensor t's storage: a lazy clone's storage that shares its memory "
+     "gets memory of its own (copy-on-write). Other tensors are left as they are.");
+  m.def("shared_states", &shared_states,
+        "States lazy clones share now (0: no storage shares its memory copy-on-write).");
   m.def("fill_resized", [](const at::Tensor& t, int64_t old_nbytes) {
     // PyTorch's fill_resize_deterministic_: the elements past the old storage's end
     if (!fill_uninitialized_memory()) {

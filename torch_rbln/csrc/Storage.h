@@ -199,6 +199,8 @@ inline StorageState* state_for_write(const at::TensorBase& t) {
 // state that dies while shared forgets its context.
 StorageState* cow_state(const c10::Storage& storage);
 void forget_cow(StorageState* s);
+// states shared by lazy clones now (0: no storage shares its memory copy-on-write)
+int64_t shared_states();
 // aten::_lazy_clone on rbln tensors
 at::Tensor lazy_clone(const at::Tensor& self);
 

@@ -14,7 +14,7 @@ import torch
 
 from .. import config, events
 from ..runtime import devices, generators
-from ..runtime.storage import CPU_KEYSET, host_input, make_writable, state_of
+from ..runtime.storage import CPU_KEYSET, host_input, make_writable, shared_states, state_of
 from . import cuda_dtypes, factories, layouts
 from .results import wrap_result
 
@@ -282,12 +282,18 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
         if res is not None:
             return res
     mutable = op._schema.is_mutable
-    if mutable:
+    if mutable and shared_states():
         # the kernel writes through the host aliases taken below: a lazy clone among the
         # written arguments gets memory of its own first, as a CPU kernel's mutable_data_ptr()
-        # gives it
-        for t in _written(op, args, kwargs):
-            make_writable(t)
+        # gives it (while no lazy clone shares memory, there is nothing to do)
+        for i, name, kwarg_only in _written_args(op):
+            v = kwargs.get(name) if kwarg_only or i >= len(args) else args[i]
+            if isinstance(v, torch.Tensor):
+                make_writable(v)
+            elif isinstance(v, (list, tuple)):
+                for t in v:
+                    if isinstance(t, torch.Tensor):
+                        make_writable(t)
     ctx = _Ctx()
     cpu_args = _to_cpu(args, ctx)
     outs = _out_names(op) if kwargs else ()

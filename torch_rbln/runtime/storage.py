@@ -53,8 +53,10 @@ device_input_widened = _C.device_input_widened
 host_output = _C.host_output      # host write (whole if ``t`` covers its storage), host alias
 device_output = _C.device_output  # device write (whole if ``t`` covers its storage), device alias
 # before a write into ``t`` that takes its alias first (the CPU fallback's in-place arguments): a
-# lazy clone's storage gets memory of its own (every write transition above does it too)
+# lazy clone's storage gets memory of its own (every write transition above does it too); any
+# other tensor (a CPU one) is left as it is
 make_writable = _C.make_writable
+shared_states = _C.shared_states  # states lazy clones share now (0: make_writable has nothing to do)
 
 # the NaN/Inf scan found ``t``'s whole storage finite as ``t``'s dtype, and nothing wrote it since
 known_finite = _C.known_finite
