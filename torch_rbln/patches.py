@@ -275,6 +275,49 @@ def _backward_on_calling_thread() -> None:
     torch.autograd._engine_run_backward = _engine_run_backward
 
 
+def _dlpack() -> None:
+    """DLPack for rbln tensors (``dlpack.py``): PyTorch's ``Tensor.__dlpack_device__`` knows
+    PrivateUse1 only by its original name and raises for ``rbln``; an export must bring the host
+    view it hands out up to date first (and leave it host-latest), and an import of an rbln
+    capsule gives the exporter's storage back, so that both sides share one residency."""
+    import torch
+    import torch.utils.dlpack
+
+    from . import dlpack
+    orig_device = torch.Tensor.__dlpack_device__
+
+    def __dlpack_device__(self):
+        if self.device.type == "rbln" and not torch.overrides.has_torch_function_unary(self):
+            return dlpack.device(self)
+        return orig_device(self)
+
+    def exporting(orig):
+        def _to_dlpack(tensor, *, dl_device=None, copy=None):
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "rbln":
+                return dlpack.export(orig, tensor, dl_device, copy)
+            return orig(tensor, dl_device=dl_device, copy=copy)
+
+        _to_dlpack.__wrapped__ = orig
+        _to_dlpack.__doc__ = orig.__doc__
+        return _to_dlpack
+
+    orig_import = torch._C._from_dlpack
+
+    def _from_dlpack(capsule):
+        t = orig_import(capsule)
+        return dlpack.imported(t) if t.device.type == "rbln" else t
+
+    __dlpack_device__.__wrapped__ = orig_device
+    __dlpack_device__.__doc__ = orig_device.__doc__
+    _from_dlpack.__wrapped__ = orig_import
+    _from_dlpack.__doc__ = orig_import.__doc__
+    torch.Tensor.__dlpack_device__ = __dlpack_device__
+    to_dlpack = exporting(torch._C._to_dlpack)
+    torch._C._to_dlpack = torch.utils.dlpack.to_dlpack = torch.to_dlpack = to_dlpack
+    torch._C._to_dlpack_versioned = exporting(torch._C._to_dlpack_versioned)
+    torch._C._from_dlpack = _from_dlpack
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(("torch.nn.Module._apply",), "Module.to(rbln) keeps tied parameters tied",
           _module_apply),
@@ -287,6 +330,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch(("torch.autograd.graph._engine_run_backward", "torch.autograd._engine_run_backward"),
           "a backward pass runs on the calling thread (no second OpenMP team)",
           _backward_on_calling_thread),
+    Patch(("torch.Tensor.__dlpack_device__", "torch._C._to_dlpack", "torch._C._to_dlpack_versioned",
+           "torch._C._from_dlpack", "torch.utils.dlpack.to_dlpack", "torch.to_dlpack"),
+          "DLPack export and import of rbln tensors", _dlpack),
 )
 
 
@@ -349,6 +395,7 @@ PRIVATE: tuple[Hook, ...] = (
     Hook("torch.ops.aten.as_strided.default._handle", "views of fallback outputs"),
     Hook("torch._C._DispatchOperatorHandle.redispatch_boxed", "boxed redispatch of view ops"),
     Hook("torch._C._len_torch_dispatch_stack", "dispatch-mode pre-dispatch check"),
+    Hook("torch._C._data_address", "a storage's data pointer without materializing a lazy clone"),
     Hook("torch._C.TensorType", "reading operator schemas in the CPU fallback"),
     Hook("torch._C._AutoDispatchBelowAutograd", "device kernels that bypass autograd"),
     Hook("torch.Tensor._base", "whether a device op result owns its storage"),

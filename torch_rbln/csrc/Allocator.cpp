@@ -33,23 +33,33 @@ c10::DeviceIndex index_of(std::optional<c10::Device> device) {
   return device.has_value() && device->has_index() ? device->index() : current_device();
 }
 
+// Both fill the new tensor in deterministic mode, as PyTorch's empty kernels of the CPU and
+// CUDA do (a device fill: Storage.h, fill_uninitialized); otherwise its memory stays as it is.
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout,
                                std::optional<c10::Device> device, std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   AllocationDevice on(index_of(device));
-  return at::detail::empty_generic(size, &the_allocator,
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, &the_allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype), memory_format);
+  if (C10_UNLIKELY(fill_uninitialized_memory())) {
+    fill_uninitialized(t, /*fresh=*/true);
+  }
+  return t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   AllocationDevice on(index_of(device));
-  return at::detail::empty_strided_generic(size, stride, &the_allocator,
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                           c10::dtype_or_default(dtype));
+  at::Tensor t = at::detail::empty_strided_generic(
+      size, stride, &the_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::dtype_or_default(dtype));
+  if (C10_UNLIKELY(fill_uninitialized_memory())) {
+    fill_uninitialized(t, /*fresh=*/true);
+  }
+  return t;
 }
 
 }  // namespace
@@ -79,6 +89,8 @@ void register_allocator_and_kernels() {
   lib->impl("empty_strided", TORCH_FN(empty_strided));
   // Tensor.record_stream: defers the reuse of the storage's memory (Storage.h)
   lib->impl("record_stream", TORCH_FN(record_stream));
+  // Tensor._lazy_clone: a copy-on-write clone sharing the storage's state (LazyClone.cpp)
+  lib->impl("_lazy_clone", TORCH_FN(lazy_clone));
 }
 
 }  // namespace torch_rbln

@@ -26,8 +26,8 @@ class AllocationDevice {
 };
 
 
-// Installs the allocator for PrivateUse1 and registers the allocation kernels and
-// record_stream (once).
+// Installs the allocator for PrivateUse1 and registers the allocation kernels, record_stream
+// and _lazy_clone (once).
 void register_allocator_and_kernels();
 
 }  // namespace torch_rbln

@@ -36,7 +36,7 @@ void copy_h2d_async(const at::Tensor& src, const at::Tensor& dst) {
   }
   const char* from = static_cast<const char*>(src.const_data_ptr());
   TORCH_CHECK(is_pinned(from), "an asynchronous host to device copy reads pinned memory");
-  StorageState* s = state_of(dst);
+  StorageState* s = state_for_write(dst);
   s->host_write(covers(dst, *s));   // waits for earlier queued work on this storage
   char* to = static_cast<char*>(s->host) + dst.storage_offset() * dst.element_size();
   if (from < to + n && to < from + n) {   // the destination's memory is the source's

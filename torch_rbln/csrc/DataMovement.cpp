@@ -134,8 +134,8 @@ void copy_from_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
     return to_python(op, stack);
   }
   if (dst.numel() != 0) {
+    StorageState* db = state_for_write(dst);  // first: a lazy clone gets memory of its own
     StorageState* sb = state_of(src);
-    StorageState* db = state_of(dst);
     const int64_t nbytes = src.numel() * static_cast<int64_t>(src.itemsize());
     const bool same = sb == db;
     const bool direct = src.scalar_type() == dst.scalar_type() && src.sizes() == dst.sizes() &&

@@ -73,6 +73,8 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
     }
     impl->set_data_ptr_noswap(std::move(fresh));
     impl->set_nbytes(newsize);
+    // a lazy clone had shared the old memory (its share is given up above): the new is its own
+    impl->clear_materializer();
   }
 };
 

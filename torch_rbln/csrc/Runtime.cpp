@@ -44,11 +44,20 @@ void forward_to_python(const events::Counter& c, int64_t amount) {
   bridges->forward_event(c.kind, c.key, amount);
 }
 
-// A Python handle on a storage's state; it holds the storage, so the state outlives it.
+// A Python handle on a storage's state; it holds the storage, so the state outlives it. The state
+// is looked up at each use: a write through any handle may give a lazy clone's storage memory of
+// its own (state_for_write), and every handle on that storage then sees the new state.
 struct StateHandle {
-  explicit StateHandle(const at::Tensor& t) : storage(t.storage()), state(torch_rbln::state_of(storage)) {}
+  explicit StateHandle(const at::Tensor& t) : storage(t.storage()) { torch_rbln::state_of(storage); }
   c10::Storage storage;
-  StorageState* state;
+  StorageState* state() const { return torch_rbln::state_of(storage); }
+  // the state for a write into the storage (a lazy clone's storage gets memory of its own)
+  StorageState* for_write() const {
+    if (C10_UNLIKELY(storage.unsafeGetStorageImpl()->has_materializer())) {
+      storage.unsafeGetStorageImpl()->mutable_data();
+    }
+    return torch_rbln::state_of(storage);
+  }
 };
 
 py::dict stats_dict(const ArenaStats& s) {
@@ -119,54 +128,55 @@ void bind_runtime(py::module_& m) {
   py::class_<StateHandle>(m, "StorageState",
                           "The runtime's state of one rbln storage: host view, device block, "
                           "residency.")
-      .def_property_readonly("index", [](const StateHandle& h) { return int(h.state->index); })
-      .def_property_readonly("nbytes", [](const StateHandle& h) { return h.state->nbytes; })
+      .def_property_readonly("index", [](const StateHandle& h) { return int(h.state()->index); })
+      .def_property_readonly("nbytes", [](const StateHandle& h) { return h.state()->nbytes; })
       .def_property("residency",
                     [](const StateHandle& h) {
-                      h.state->settle();   // a queued copy into it has finished
-                      return int(h.state->residency);
+                      h.state()->settle();   // a queued copy into it has finished
+                      return int(h.state()->residency);
                     },
                     [](StateHandle& h, int r) {
                       TORCH_CHECK_VALUE(r >= 0 && r <= 2, "residency must be HOST, DEVICE or SYNCED");
-                      h.state->settle();
-                      h.state->residency = static_cast<Residency>(r);
+                      StorageState* s = h.for_write();
+                      s->settle();
+                      s->residency = static_cast<Residency>(r);
                     })
       .def_property("finite_dtype",
-                    [](const StateHandle& h) { return h.state->finite_dtype; },
-                    [](StateHandle& h, std::optional<c10::ScalarType> d) { h.state->finite_dtype = d; },
+                    [](const StateHandle& h) { return h.state()->finite_dtype; },
+                    [](StateHandle& h, std::optional<c10::ScalarType> d) { h.state()->finite_dtype = d; },
                     "The dtype as which the NaN/Inf scan found the whole storage finite (None "
                     "after any write).")
       .def_property_readonly("has_device_memory",
-                             [](const StateHandle& h) { return h.state->has_device_memory(); })
+                             [](const StateHandle& h) { return h.state()->has_device_memory(); })
       .def_property_readonly("shares_host_view",
-                             [](const StateHandle& h) { return h.state->shares_host_view(); },
+                             [](const StateHandle& h) { return h.state()->shares_host_view(); },
                              "The device block's memory is the host view: one physical copy.")
       .def_property_readonly("host_released",
-                             [](const StateHandle& h) { return h.state->host_released(); },
+                             [](const StateHandle& h) { return h.state()->host_released(); },
                              "Bytes of the host view's pages released while the kept fp32 form "
                              "stands for them (narrowed back before any read).")
-      .def_property_readonly("adopted", [](const StateHandle& h) { return h.state->adopted; },
+      .def_property_readonly("adopted", [](const StateHandle& h) { return h.state()->adopted; },
                              "Made outside the allocator: its memory became the host view.")
-      .def("__eq__", [](const StateHandle& a, const StateHandle& b) { return a.state == b.state; })
-      .def("__hash__", [](const StateHandle& h) { return std::hash<const void*>()(h.state); })
-      .def("host_read", [](StateHandle& h) { h.state->host_read(); })
-      .def("host_write", [](StateHandle& h, bool whole) { h.state->host_write(whole); },
+      .def("__eq__", [](const StateHandle& a, const StateHandle& b) { return a.state() == b.state(); })
+      .def("__hash__", [](const StateHandle& h) { return std::hash<const void*>()(h.state()); })
+      .def("host_read", [](StateHandle& h) { h.state()->host_read(); })
+      .def("host_write", [](StateHandle& h, bool whole) { h.for_write()->host_write(whole); },
            py::arg("whole") = false)
-      .def("device_read", [](StateHandle& h) { h.state->device_read(); })
-      .def("device_write", [](StateHandle& h, bool whole) { h.state->device_write(whole); },
+      .def("device_read", [](StateHandle& h) { h.state()->device_read(); })
+      .def("device_write", [](StateHandle& h, bool whole) { h.for_write()->device_write(whole); },
            py::arg("whole") = false)
-      .def("adopt_device", [](StateHandle& h, at::Tensor mem) { h.state->adopt_device(std::move(mem)); })
-      .def("ensure_device_memory", [](StateHandle& h) { h.state->ensure_device_memory(); })
-      .def("host_alias", [](StateHandle& h, const at::Tensor& t) { return h.state->host_alias(t); })
-      .def("device_alias", [](StateHandle& h, const at::Tensor& t) { return h.state->device_alias(t); })
+      .def("adopt_device", [](StateHandle& h, at::Tensor mem) { h.for_write()->adopt_device(std::move(mem)); })
+      .def("ensure_device_memory", [](StateHandle& h) { h.state()->ensure_device_memory(); })
+      .def("host_alias", [](StateHandle& h, const at::Tensor& t) { return h.state()->host_alias(t); })
+      .def("device_alias", [](StateHandle& h, const at::Tensor& t) { return h.state()->device_alias(t); })
       .def("device_input_alias",
-           [](StateHandle& h, const at::Tensor& t) { return h.state->device_input_alias(t); })
-      .def("host_flat", [](StateHandle& h, c10::ScalarType d) { return h.state->host_flat(d); })
-      .def("host_bytes", [](StateHandle& h) { return h.state->host_bytes(); })
+           [](StateHandle& h, const at::Tensor& t) { return h.state()->device_input_alias(t); })
+      .def("host_flat", [](StateHandle& h, c10::ScalarType d) { return h.state()->host_flat(d); })
+      .def("host_bytes", [](StateHandle& h) { return h.state()->host_bytes(); })
       .def_property_readonly("widened_bytes",
-                             [](const StateHandle& h) { return h.state->widened_bytes(); },
+                             [](const StateHandle& h) { return h.state()->widened_bytes(); },
                              "bytes of the widened (fp32) forms kept for this storage's views")
-      .def("device_bytes", [](StateHandle& h) { return h.state->device_bytes(); });
+      .def("device_bytes", [](StateHandle& h) { return h.state()->device_bytes(); });
 
   m.def("state_of", [](const at::Tensor& t) { return StateHandle(t); });
   m.def("host_input", [](const at::Tensor& t) {
@@ -185,15 +195,42 @@ void bind_runtime(py::module_& m) {
     return s->device_input_widened(t);
   });
   m.def("host_output", [](const at::Tensor& t) {
-    auto* s = state_of(t);
+    auto* s = state_for_write(t);
     s->host_write(covers(t, *s));
     return s->host_alias(t);
   });
   m.def("device_output", [](const at::Tensor& t) {
-    auto* s = state_of(t);
+    auto* s = state_for_write(t);
     s->device_write(covers(t, *s));
     return s->device_alias(t);
   });
+  m.def("make_writable", [](const at::Tensor& t) {
+    if (t.is_privateuseone()) {
+      state_for_write(t);
+    }
+  }, "Before a write into rbln tensor t's storage: a lazy clone's storage that shares its memory "
+     "gets memory of its own (copy-on-write). Other tensors are left as they are.");
+  m.def("shared_states", &shared_states,
+        "States lazy clones share now (0: no storage shares its memory copy-on-write).");
+  m.def("fill_resized", [](const at::Tensor& t, int64_t old_nbytes) {
+    // PyTorch's fill_resize_deterministic_: the elements past the old storage's end
+    if (!fill_uninitialized_memory()) {
+      return;
+    }
+    const auto item = static_cast<int64_t>(t.itemsize());
+    const int64_t first = old_nbytes / item;
+    const int64_t end = static_cast<int64_t>(t.storage().nbytes()) / item;
+    if (end <= first) {
+      return;
+    }
+    auto tail = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());
+    const int64_t size = end - first, stride = 1;
+    tail.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(size), c10::IntArrayRef(stride),
+                                                      first);
+    fill_uninitialized(tail, /*fresh=*/old_nbytes == 0);
+  }, "Deterministic mode: fill what resize_ added to t's storage (whose old size was "
+     "old_nbytes) as PyTorch fills uninitialized memory; nothing otherwise.");
   m.def("known_finite", [](const at::Tensor& t) {
     const auto& d = state_of(t)->finite_dtype;
     return d.has_value() && *d == t.scalar_type();

@@ -1,8 +1,11 @@
 #include "Storage.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/TensorFactories.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/impl/COW.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
@@ -157,6 +160,11 @@ events::Counter* h2d_counter() {
 
 events::Counter* d2h_counter() {
   static events::Counter* c = events::counter("d2h", "");
+  return c;
+}
+
+events::Counter* v2v_counter() {
+  static events::Counter* c = events::counter("v2v", "");
   return c;
 }
 
@@ -325,6 +333,9 @@ StorageState::~StorageState() {
   try {
     settle();   // the memory goes back to the pool: nothing may still write it
   } catch (...) {
+  }
+  if (cow != nullptr) {  // the last lazy clone sharing it died unwritten
+    forget_cow(this);
   }
   live_states.fetch_sub(1, std::memory_order_relaxed);
   // released pages go back to the pool as they are (fresh memory's contents are unspecified)
@@ -726,7 +737,51 @@ StorageState* state_of(const c10::Storage& storage) {
   if (C10_LIKELY(dp.get_deleter() == &release_state)) {
     return static_cast<StorageState*>(dp.get_context());
   }
+  if (c10::impl::cow::is_cow_data_ptr(dp)) {  // a lazy clone sharing its memory
+    return cow_state(storage);
+  }
   return adopt(storage);
+}
+
+c10::DataPtr owning_data_ptr(StorageState* s) {
+  return c10::DataPtr(s->host, s, &release_state, c10::Device(c10::DeviceType::PrivateUse1, s->index));
+}
+
+c10::DataPtr copy_of(StorageState& s) {
+  s.settle();
+  if (s.residency == Residency::Host || s.nbytes == 0) {
+    c10::DataPtr dp = new_host_view(s.nbytes, s.index);
+    s.host_read();  // released pages narrowed back (host-latest: nothing moves)
+    copy_bytes(dp.get(), s.host, s.nbytes);
+    return dp;
+  }
+  const int64_t t0 = events::span_start();
+  s.device_read();
+  c10::DataPtr dp = device_data_ptr(s.device_bytes().clone(), s.nbytes, s.index);
+  events::record_copy(v2v_counter(), s.nbytes, s.index, t0);
+  return dp;
+}
+
+bool fill_uninitialized_memory() {
+  const auto& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
+void fill_uninitialized(const at::Tensor& t, bool fresh) {
+  if (t.numel() == 0) {
+    return;
+  }
+  StorageState* s = state_for_write(t);
+  at::Tensor alias;
+  if (fresh || s->residency == Residency::Device) {
+    // nothing older to keep in a fresh storage: a whole write, no push
+    s->device_write(fresh || covers(t, *s));
+    alias = s->device_alias(t);
+  } else {
+    s->host_write(covers(t, *s));
+    alias = s->host_alias(t);
+  }
+  at::native::fill_empty_deterministic_(alias);
 }
 
 bool covers(const at::TensorBase& t, const StorageState& s) {
@@ -779,6 +834,11 @@ at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Sca
 }
 
 at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index) {
+  return tensor_on(device_data_ptr(memory, nbytes, index), nbytes, memory.scalar_type(),
+                   memory.sizes(), memory.strides(), 0);
+}
+
+c10::DataPtr device_data_ptr(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index) {
   Arena& arena = claim(index);
   // the output's memory is the host view too (one physical copy, as wrap_host's): a later d2h
   // records its transfer and moves no bytes
@@ -795,7 +855,7 @@ at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::Devi
   s->block->memory = memory;  // booked with the output's memory (its caching at the free) ...
   arena.lend(*s->block, memory);  // ... which the host view is
   s->residency = Residency::Device;
-  return tensor_on(std::move(dp), nbytes, memory.scalar_type(), memory.sizes(), memory.strides(), 0);
+  return dp;
 }
 
 at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index) {

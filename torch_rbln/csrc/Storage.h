@@ -27,6 +27,10 @@
 //              every transition, alias and the deleter wait for it first, so nothing reads or
 //              frees the memory while the worker writes it.
 // The DataPtr's deleter returns the block to the arena and the host memory to the pool.
+// A storage and its lazy clones (Tensor._lazy_clone(), copy-on-write) share one state: their
+// DataPtrs are PyTorch's copy-on-write ones, whose context owns the state (LazyClone.cpp); every
+// write asks for the state through state_for_write, which gives the storage memory of its own
+// first.
 // Transitions and the events they record are listed in torch_rbln/runtime/storage.py.
 #pragma once
 
@@ -59,6 +63,8 @@ struct StorageState {
   c10::Storage host_owner;      // memory the state wraps instead of owning (wrap_host)
   c10::DataPtr host_original;   // the original DataPtr of a storage made outside the allocator
   bool adopted = false;         // made outside the allocator; its memory became the host view
+  // the copy-on-write context through which lazy clones share this state (LazyClone.cpp)
+  const void* cow = nullptr;
   std::optional<Block> block;
   Residency residency = Residency::Host;
   // the dtype as which the NaN/Inf scan found the whole storage finite; cleared by every write
@@ -178,6 +184,45 @@ inline StorageState* state_of(const at::TensorBase& t) {
   return state_of(t.storage());
 }
 
+// The state of `t`'s storage for a write into it: a lazy clone's storage that still shares its
+// memory gets memory of its own first (its materializer: LazyClone.cpp), as PyTorch's kernels
+// materialize a copy-on-write storage when they take its mutable data pointer. One flag test
+// for every other storage.
+inline StorageState* state_for_write(const at::TensorBase& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  if (C10_UNLIKELY(impl->has_materializer())) {
+    impl->mutable_data();
+  }
+  return state_of(t.storage());
+}
+
+// Lazy clones (LazyClone.cpp). The state a copy-on-write storage shares with its siblings; a
+// state that dies while shared forgets its context.
+StorageState* cow_state(const c10::Storage& storage);
+void forget_cow(StorageState* s);
+// states shared by lazy clones now (0: no storage shares its memory copy-on-write)
+int64_t shared_states();
+// aten::_lazy_clone on rbln tensors
+at::Tensor lazy_clone(const at::Tensor& self);
+
+// The DataPtr that owns `s` (and through it the storage's memory): every rbln storage's, and the
+// one the last lazy clone still sharing some memory takes back.
+c10::DataPtr owning_data_ptr(StorageState* s);
+// Memory of its own for a storage that shares `s`'s and is about to be written (a lazy clone):
+// a copy of the contents made where their latest data is, as clone() makes it: on the device
+// (a `v2v` copy into a new block; device-latest) when the device holds them, else on the host
+// views (host-latest, nothing recorded).
+c10::DataPtr copy_of(StorageState& s);
+
+// Deterministic mode (torch.use_deterministic_algorithms(True) and
+// torch.utils.deterministic.fill_uninitialized_memory) is on: new memory is filled.
+bool fill_uninitialized_memory();
+// Fills `t`'s elements as PyTorch fills uninitialized memory in deterministic mode
+// (at::native::fill_empty_deterministic_: NaN, an integer type's largest value, true), where
+// the storage's data is: `fresh` (a new storage, no contents yet) or device-latest on the device
+// (its block booked; nothing crosses), else on the host view.
+void fill_uninitialized(const at::Tensor& t, bool fresh);
+
 // `t` is contiguous and spans its whole storage: a write to it overwrites everything
 bool covers(const at::TensorBase& t, const StorageState& s);
 
@@ -196,6 +241,8 @@ at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Sca
 // dense storage of `nbytes` bytes: device-latest, nothing copied (one step per op output). The
 // same memory is its host view (as wrap_host's), lent to the block: a d2h moves no bytes.
 at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index);
+// new_device_tensor's storage memory: the DataPtr of a device-latest state over `memory`
+c10::DataPtr device_data_ptr(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index);
 // An rbln tensor whose host view *is* `cpu`'s storage (zero copy), host-latest.
 at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index);
 

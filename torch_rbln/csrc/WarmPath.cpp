@@ -764,7 +764,7 @@ class WarmKernel final : public c10::OperatorKernel {
       return;
     }
     const at::Tensor& out = args[out_arg_].toTensor();  // results.deliver_host (same shape)
-    StorageState* s = state_of(out);
+    StorageState* s = state_for_write(out);
     s->host_write(spans(out, s->nbytes));
     s->host_alias(out).copy_(result);
     stack->emplace_back(out);
@@ -831,7 +831,7 @@ class WarmKernel final : public c10::OperatorKernel {
       py::gil_scoped_acquire gil;
       (*python_deliver)(result, out, static_cast<int>(call.index));
     } else {
-      StorageState* s = state_of(out);
+      StorageState* s = state_for_write(out);
       const bool whole = spans(out, s->nbytes);
       if (whole && result.scalar_type() == out.scalar_type() && result.strides() == out.strides() &&
           spans_own_storage(result)) {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime.storage import CPU_KEYSET, new_tensor, state_of, storage_nbytes
+from ..runtime.storage import CPU_KEYSET, fill_resized, new_tensor, state_of, storage_nbytes
 
 
 def contiguous_strides(size) -> tuple:
@@ -41,6 +41,7 @@ def resize_(self, size, memory_format=None):
         return self
     need = storage_nbytes(size, stride, self.element_size()) + self.storage_offset() * self.element_size()
     st = self.untyped_storage()
+    grown_from = None
     if need > st.nbytes():
         old = state_of(self)
         grown = new_tensor((need,), (1,), torch.uint8, old.index)
@@ -48,7 +49,10 @@ def resize_(self, size, memory_format=None):
             old.host_read()
             state_of(grown).host_bytes()[: old.nbytes].copy_(old.host_bytes())
         st = grown.untyped_storage()
+        grown_from = old.nbytes
     _set_storage.redispatch(CPU_KEYSET, self, st, self.storage_offset(), size, stride)
+    if grown_from is not None:
+        fill_resized(self, grown_from)   # deterministic mode: the new part filled, as on the CPU
     return self
 
 

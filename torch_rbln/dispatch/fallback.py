@@ -17,7 +17,8 @@ import torch
 
 from .. import config, events
 from ..runtime import devices, generators
-from ..runtime.storage import CPU_KEYSET, HOST, host_input, state_of
+from ..runtime.storage import (CPU_KEYSET, HOST, host_input, make_writable, shared_states,
+                               state_of)
 from . import cuda_dtypes, factories, layouts, nested
 from .layout import spans_storage
 from .results import wrap_result
@@ -25,6 +26,7 @@ from .results import wrap_result
 _record = events.record
 _as_strided = torch.ops.aten.as_strided.default._handle
 _internal_overlap = torch._debug_has_internal_overlap   # 0: no, 1: yes, 2: too hard to say
+_data_address = torch._C._data_address   # a storage's data pointer, as data_ptr() without a write
 
 # PrivateUse1 entry points that have no CPU kernel: the host runs their generic twin instead.
 _HOST_TWIN = ("aten::convolution_overrideable", "aten::convolution_backward_overrideable")
@@ -101,15 +103,21 @@ def _written_args(op: torch._ops.OpOverload) -> tuple:
     return w
 
 
-def _mark_written(op: torch._ops.OpOverload, args, kwargs, ctx: _Ctx) -> None:
-    """Arguments the schema marks as written: their host view now holds the latest data."""
+def _written(op: torch._ops.OpOverload, args, kwargs):
+    """The rbln tensors among the arguments the schema marks as written."""
     for i, name, kwarg_only in _written_args(op):
         v = kwargs.get(name) if kwarg_only or i >= len(args) else args[i]
         if v is None:
             continue
         for t in (v if isinstance(v, (list, tuple)) else (v,)):
             if isinstance(t, torch.Tensor) and t.device.type == "rbln":
-                _sync_back(t, ctx)
+                yield t
+
+
+def _mark_written(op: torch._ops.OpOverload, args, kwargs, ctx: _Ctx) -> None:
+    """Arguments the schema marks as written: their host view now holds the latest data."""
+    for t in _written(op, args, kwargs):
+        _sync_back(t, ctx)
 
 
 def _sync_back(t: torch.Tensor, ctx: _Ctx) -> None:
@@ -361,6 +369,19 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
         res = _run_plain_out(op, plain, args, kwargs)
         if res is not None:
             return res
+    mutable = op._schema.is_mutable
+    if mutable and shared_states():
+        # the kernel writes through the host aliases taken below: a lazy clone among the
+        # written arguments gets memory of its own first, as a CPU kernel's mutable_data_ptr()
+        # gives it (while no lazy clone shares memory, there is nothing to do)
+        for i, name, kwarg_only in _written_args(op):
+            v = kwargs.get(name) if kwarg_only or i >= len(args) else args[i]
+            if isinstance(v, torch.Tensor):
+                make_writable(v)
+            elif isinstance(v, (list, tuple)):
+                for t in v:
+                    if isinstance(t, torch.Tensor):
+                        make_writable(t)
     ctx = _Ctx()
     cpu_args = _to_cpu(args, ctx)
     outs = _out_names(op) if kwargs else ()
@@ -395,7 +416,7 @@ def run_on_cpu(op: torch._ops.OpOverload, args, kwargs):
         ctx.outs.clear()
         cpu_kwargs.update({k: _fresh_out(kwargs[k], ctx) for k in outs if k in kwargs})
         out = _call(op, cpu_args, cpu_kwargs, index)
-    if op._schema.is_mutable:
+    if mutable:
         _mark_written(op, args, kwargs, ctx)
     return _to_rbln(layouts.checked(out, op.name()), ctx)
 
@@ -486,13 +507,15 @@ def _plain_op(op: torch._ops.OpOverload, args, kwargs) -> bool:
 
 def shares_memory(t: torch.Tensor, args, itself: bool = False) -> bool:
     """An rbln operand among ``args``, other than ``t`` itself (unless ``itself``), uses
-    ``t``'s storage."""
-    ptr = t.untyped_storage().data_ptr()
+    ``t``'s memory. (Read without ``data_ptr()``, which would give a lazy clone memory of its
+    own.)"""
+    ptr = _data_address(t)
     for a in args:
         if (isinstance(a, torch.Tensor) and (itself or a is not t) and a.get_device() >= 0
-                and a.untyped_storage().data_ptr() == ptr):
+                and _data_address(a) == ptr):
             return True
     return False
+
 
 
 _TENSOR_SLOTS: dict = {}

@@ -20,7 +20,8 @@ module is its Python face. ``state_of(t)`` gives the :class:`StorageState` of ``
   from it, bit for bit, before anything reads or partly writes them.
 
 The transitions between the states, and the transfers they record, are the residency
-table of docs/tensors-and-memory.md.
+table of docs/tensors-and-memory.md. A tensor and its lazy clones (``Tensor._lazy_clone()``)
+share one state until a write gives the written storage memory of its own (``csrc/LazyClone.cpp``).
 
 The state lives exactly as long as the storage: the data pointer's deleter returns the device
 block to the arena and the host memory to the pool.
@@ -51,6 +52,11 @@ device_input = _C.device_input    # device read, then the program-operand alias 
 device_input_widened = _C.device_input_widened
 host_output = _C.host_output      # host write (whole if ``t`` covers its storage), host alias
 device_output = _C.device_output  # device write (whole if ``t`` covers its storage), device alias
+# before a write into ``t`` that takes its alias first (the CPU fallback's in-place arguments): a
+# lazy clone's storage gets memory of its own (every write transition above does it too); any
+# other tensor (a CPU one) is left as it is
+make_writable = _C.make_writable
+shared_states = _C.shared_states  # states lazy clones share now (0: make_writable has nothing to do)
 
 # the NaN/Inf scan found ``t``'s whole storage finite as ``t``'s dtype, and nothing wrote it since
 known_finite = _C.known_finite
@@ -60,6 +66,8 @@ new_device_tensor = _C.new_device_tensor   # (memory, nbytes, index): memory is 
 deliver_fresh = _C.deliver_fresh           # (result, index): a program's result as a new tensor
 wrap_host = _C.wrap_host                   # (cpu, index): cpu's storage is the host view
 storage_nbytes = _C.storage_nbytes         # (size, stride, itemsize)
+# (t, old_nbytes): deterministic mode's fill of what resize_ added to t's storage (else nothing)
+fill_resized = _C.fill_resized
 clear_host_pool = _C.host_pool_clear
 live_storage_states = _C.live_storage_states   # states alive now (a leak check reads it)
 released_host_bytes = _C.released_host_bytes   # host-view pages released now (a diagnostic)
