@@ -68,6 +68,8 @@ def setup() -> None:
     patches.apply_all()
     from . import distributed
     distributed.register()      # torch.distributed: the rbln-ccl backend, rbln tensors on gloo
+    from . import integrations
+    integrations.install()      # transformers, accelerate, safetensors: when the user imports them
     if config.latched("TORCH_RBLN_EXPLAIN_AT_EXIT"):
         from .explain import whole_run
         whole_run.start()
