@@ -91,8 +91,16 @@ def fp32_runs(tmp_path_factory):
                                                            bf16=True).device)}}
         rbln = train({str(out)!r})
         cpu = train({str(out)!r}, use_cpu=True)
-        print(json.dumps({{"default": default, "rbln": rbln, "cpu": cpu}}))
+        from torch_rbln.integrations.patch import applied
+        print(json.dumps({{"default": default, "rbln": rbln, "cpu": cpu, "applied": applied()}}))
     """)
+
+
+def test_every_patch_applies_in_a_training_run(fp32_runs):
+    from torch_rbln.integrations import LIBRARIES, integration
+    expect = {lib: sorted(f"{p.module}.{t}" for p in integration(lib).patches for t in p.targets)
+              for lib in LIBRARIES}
+    assert {lib: sorted(t) for lib, t in fp32_runs["applied"].items()} == expect
 
 
 def test_trainer_defaults_to_rbln_and_equals_the_cpu(fp32_runs):
@@ -323,4 +331,4 @@ def test_a_patch_that_no_longer_fits_warns():
     assert messages[1].startswith(
         "torch-rbln could not patch transformers.training_args.TrainingArguments._setup_devices"
         " of transformers-renamed None (AttributeError: ")
-    assert messages[1].endswith(f"without it: {patch.why} does not hold")
+    assert messages[1].endswith(f"so on rbln this may not hold: {patch.why}")

@@ -15,7 +15,7 @@ under their torch.cuda names.
 
 from __future__ import annotations
 
-from .patch import Integration, LibraryPatch, rebind
+from .patch import Integration, LibraryPatch, replace
 
 
 def _accelerator_backend(module) -> None:
@@ -28,11 +28,8 @@ def _accelerator_backend(module) -> None:
             return device_type, torch.rbln
         return device_type, device_module
 
-    get_torch_accelerator_backend.__wrapped__ = orig
-    get_torch_accelerator_backend.__doc__ = orig.__doc__
-    module.get_torch_accelerator_backend = get_torch_accelerator_backend
-    # accelerate's modules took it by name (`from .utils import ...`) during its import
-    rebind("accelerate", "get_torch_accelerator_backend", orig, get_torch_accelerator_backend)
+    # also in accelerate's modules that took it by name during its import
+    replace(module, get_torch_accelerator_backend)
 
 
 INTEGRATION = Integration(

@@ -69,8 +69,8 @@ def apply(integration: Integration, patch: LibraryPatch, module) -> None:
     except Exception as e:
         warnings.warn(
             f"torch-rbln could not patch {', '.join(patch.module + '.' + t for t in patch.targets)}"
-            f" of {lib} {installed_version(lib)} ({type(e).__name__}: {e}); without it: "
-            f"{patch.why} does not hold", IntegrationWarning, stacklevel=_importer_level(lib))
+            f" of {lib} {installed_version(lib)} ({type(e).__name__}: {e}), so on rbln this may "
+            f"not hold: {patch.why}", IntegrationWarning, stacklevel=_importer_level(lib))
         return
     _applied.setdefault(lib, []).extend(f"{patch.module}.{t}" for t in patch.targets)
 
@@ -89,11 +89,22 @@ def _importer_level(library: str) -> int:
     return 2
 
 
-def rebind(package: str, name: str, old, new) -> None:
-    """Every loaded module of ``package`` that holds ``old`` as its global ``name`` (a
-    ``from x import name`` made before the patch) holds ``new`` instead."""
+def replace(owner, new) -> None:
+    """``owner.<name>`` (a module's function or a class's method, named as ``new``) becomes
+    ``new``, which keeps the original as ``__wrapped__`` and its docstring. For a module
+    function, every loaded module of the library that took the original by name (``from .utils
+    import name``, run before the patch) takes ``new`` too."""
+    name = new.__name__
+    orig = getattr(owner, name)
+    new.__wrapped__ = orig
+    new.__doc__ = orig.__doc__
+    setattr(owner, name, new)
+    if isinstance(owner, type):
+        new.__qualname__ = f"{owner.__qualname__}.{name}"
+        return
+    package = owner.__name__.split(".")[0]
     for mod_name, mod in list(sys.modules.items()):
         if mod_name == package or mod_name.startswith(package + "."):
             d = getattr(mod, "__dict__", None)
-            if d is not None and d.get(name) is old:
+            if d is not None and d.get(name) is orig:
                 d[name] = new

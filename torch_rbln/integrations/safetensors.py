@@ -11,7 +11,7 @@ index; accelerate's ``load_checkpoint_and_dispatch`` (which passes ``"rbln:0"`` 
 
 from __future__ import annotations
 
-from .patch import Integration, LibraryPatch, rebind
+from .patch import Integration, LibraryPatch, replace
 
 
 def device_arg(device):
@@ -42,12 +42,8 @@ def _safe_open(module) -> None:
     def safe_open(filename, framework, device="cpu", **kwargs):
         return orig(filename, framework, device=device_arg(device), **kwargs)
 
-    safe_open.__doc__ = orig.__doc__
-    safe_open.__wrapped__ = orig
-    module.safe_open = safe_open
-    # `from safetensors import safe_open` made before this ran (safetensors.torch, if imported
-    # before torch loaded this package)
-    rebind("safetensors", "safe_open", orig, safe_open)
+    # also safetensors.torch's, if it was imported before torch loaded this package
+    replace(module, safe_open)
 
 
 INTEGRATION = Integration(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 
-from .patch import Integration, LibraryPatch, rebind
+from .patch import Integration, LibraryPatch, replace
 
 
 def _rbln_is_accelerator() -> bool:
@@ -66,12 +66,8 @@ def _bf16_available(module) -> None:
             return torch.rbln.is_bf16_supported()
         return orig()
 
-    is_torch_bf16_gpu_available.__wrapped__ = orig
-    is_torch_bf16_gpu_available.__doc__ = orig.__doc__
-    module.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
-    # `from .utils import is_torch_bf16_gpu_available` made before this ran (transformers.utils,
-    # training_args) takes the new function too
-    rebind("transformers", "is_torch_bf16_gpu_available", orig, is_torch_bf16_gpu_available)
+    # also transformers.utils' and training_args' copies, if they were made before this ran
+    replace(module, is_torch_bf16_gpu_available)
 
 
 def _rng_file(trainer, output_dir: str) -> str:
@@ -133,12 +129,8 @@ def _rng_state(module) -> None:
                          f"following error:\n {e}\nThis won't yield the same results as if the "
                          f"training had not been interrupted.")
 
-    for fn, orig in ((_save_rng_state, save), (_load_rng_state, load)):
-        fn.__wrapped__ = orig
-        fn.__doc__ = orig.__doc__
-        fn.__qualname__ = f"Trainer.{fn.__name__}"
-    cls._save_rng_state = _save_rng_state
-    cls._load_rng_state = _load_rng_state
+    replace(cls, _save_rng_state)
+    replace(cls, _load_rng_state)
 
 
 INTEGRATION = Integration(
