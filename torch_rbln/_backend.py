@@ -62,9 +62,8 @@ def setup() -> None:
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
     for key in layouts.KEYS:
         catch_all.fallback(layouts.fallback_for(key), key)
-    # autocast is not supported (torch.rbln.get_amp_supported_dtype() is empty, so
-    # torch.autocast("rbln") disables itself); should it be forced on, ops run as without it
-    catch_all.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    # torch.autocast("rbln"): CUDA's casting kernels, from C++ (amp.py)
+    _native().register_autocast()
     patches.apply_all()
     from . import distributed
     distributed.register()      # torch.distributed: the rbln-ccl backend, rbln tensors on gloo
