@@ -29,9 +29,9 @@ def _setup_devices(module) -> None:
     picks ``torch.accelerator.current_accelerator()``, rbln: the model went to rbln, the args
     stayed on the CPU, and ``Trainer.train()`` failed ("Calculated loss must be on the original
     device"). Here the args follow accelerate onto ``rbln:0``, as they do onto ``xpu:0`` or
-    ``npu:0``: one accelerator per process, ``n_gpu`` 1 (several rbln devices are used through
-    distributed training, one per process, as on XPU). ``use_cpu=True`` (or
-    ``ACCELERATE_USE_CPU``) keeps the CPU: accelerate's state is on the CPU then."""
+    ``npu:0``: one accelerator per process, ``n_gpu`` 1 (``n_gpu`` > 1 is transformers'
+    ``nn.DataParallel`` path, CUDA's alone). ``use_cpu=True`` (or ``ACCELERATE_USE_CPU``) keeps
+    the CPU: accelerate's state is on the CPU then."""
     import torch
     cls = module.TrainingArguments
     prop = cls.__dict__["_setup_devices"]
