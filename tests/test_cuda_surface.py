@@ -29,8 +29,8 @@ CUDA_ONLY = {
         "HalfTensor", "IntStorage", "IntTensor", "LongStorage", "LongTensor", "ShortStorage",
         "ShortTensor")},
     **{n: _SUBMODULE for n in ("memory", "random", "streams", "graphs", "profiler")},
-    "amp": "torch.cuda.amp is deprecated; autocast is not supported on rbln "
-           "(get_amp_supported_dtype() is empty)",
+    "amp": "torch.cuda.amp is deprecated: torch.autocast(\"rbln\") and "
+           "torch.amp.GradScaler(\"rbln\") instead",
     "sparse": "sparse layouts are not supported on rbln",
     "nccl": "NVIDIA's collective library (rbln's process group is torch_rbln.distributed)",
     "nvtx": "NVIDIA's profiler annotations",

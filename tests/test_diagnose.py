@@ -58,6 +58,16 @@ def test_normal_install_reports_ok():
     assert re.search(r"private hooks: (\d+) of \1 present", "\n".join(abi))
     assert block(err, "settings check:") == ["settings check:", "  verdict: OK (0 variable(s) set, all valid)"]
     assert "  RBLN_DEVICES= (not set)" in block(err, "Environment variables (affecting torch-rbln):")
+    libs = block(err, "library integrations (patched when the library is imported):")
+    for lib, checked in (("transformers", "5.23.0"), ("accelerate", "1.16.0"),
+                         ("safetensors", "0.8.0")):
+        version = metadata.version(lib)
+        assert f"  {lib} {version} (checked against {checked})" in libs
+        unchecked = any(line.startswith(f"  >>> {lib} {version} was not checked") for line in libs)
+        assert unchecked == (version != checked)
+    assert ("    transformers.trainer.Trainer._save_rng_state, transformers.trainer.Trainer."
+            "_load_rng_state: resuming restores the rbln generators") in libs
+    assert "    safetensors.safe_open: load_file and safe_open onto rbln, rbln:N, torch.device" in libs
     assert err.rstrip().splitlines()[-1].startswith(f"Python: {sys.executable}")
 
 

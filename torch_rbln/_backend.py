@@ -68,12 +68,13 @@ def setup() -> None:
     for name, fn in nested.kernels(fallback.boxed_fallback).items():
         aten.impl(name, fn, "NestedTensorPrivateUse1")
     catch_all.fallback(fallback.boxed_fallback, "NestedTensorPrivateUse1")
-    # autocast is not supported (torch.rbln.get_amp_supported_dtype() is empty, so
-    # torch.autocast("rbln") disables itself); should it be forced on, ops run as without it
-    catch_all.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    # torch.autocast("rbln"): CUDA's casting kernels, from C++ (amp.py)
+    _native().register_autocast()
     patches.apply_all()
     from . import distributed
     distributed.register()      # torch.distributed: the rbln-ccl backend, rbln tensors on gloo
+    from . import integrations
+    integrations.install()      # transformers, accelerate, safetensors: when the user imports them
     if config.latched("TORCH_RBLN_EXPLAIN_AT_EXIT"):
         from .explain import whole_run
         whole_run.start()

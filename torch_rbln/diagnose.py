@@ -13,6 +13,8 @@ initialised; it imports torch itself only to check it, and prints the whole repo
   ``verdict: MISMATCH -- <reason>``;
 * ``settings check:``: each set variable against the values it accepts (``[FAIL]`` lines naming
   variable, value and what is accepted; ``verdict: OK`` or ``verdict: FAILED -- ...``);
+* ``library integrations:``: the Hugging Face libraries taught rbln (:mod:`torch_rbln.integrations`),
+  each with its installed version, the versions it was checked against, and what it patches;
 * the environment variables that affect the backend; the Python interpreter.
 
 docs/diagnose.md ("Diagnose and environment variables").
@@ -193,6 +195,30 @@ def settings_section() -> list[str]:
     return out
 
 
+def integrations_section() -> list[str]:
+    """Each library integration: installed version (read from its distribution, without
+    importing the library), the versions its patches were checked against, the patches."""
+    from importlib import metadata
+
+    from . import integrations
+    out = ["library integrations (patched when the library is imported):"]
+    for library in integrations.LIBRARIES:
+        i = integrations.integration(library)
+        checked = ", ".join(i.checked)
+        try:
+            version = metadata.version(library)
+        except metadata.PackageNotFoundError:
+            out.append(f"  {library}: not installed (checked against {checked})")
+            continue
+        out.append(f"  {library} {version} (checked against {checked})")
+        if version not in i.checked:
+            out.append(f"  >>> {library} {version} was not checked: its patches are applied and "
+                       f"one that no longer fits is skipped with a warning")
+        for p in i.patches:
+            out.append(f"    {', '.join(p.module + '.' + t for t in p.targets)}: {p.why}")
+    return out
+
+
 # variables outside config.VARS that change what gets loaded
 _OTHER_ENV = ("TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH", "PATH")
 
@@ -231,7 +257,8 @@ def collect() -> list[str]:
     torch, error = import_torch()
     sections = (package_section, lambda: torch_section(torch, error), lambda: cpu_section(torch),
                 runtime_section,
-                lambda: abi_section(torch, error), settings_section, env_section)
+                lambda: abi_section(torch, error), settings_section, integrations_section,
+                env_section)
     for section in sections:
         try:
             lines += section()

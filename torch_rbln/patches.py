@@ -381,7 +381,7 @@ PRIVATE: tuple[Hook, ...] = (
     Hook("torch._register_device_module", "make torch.rbln the device module"),
     Hook("torch.library.Library.impl", "per-op PrivateUse1 kernels"),
     Hook("torch.library.Library.fallback", "the boxed CPU fallback"),
-    Hook("torch.library.fallthrough_kernel", "autocast on rbln does nothing if forced on"),
+    Hook("torch.library.fallthrough_kernel", "copies pass through the conjugate and negative bits"),
     # dispatch (dispatch/*)
     Hook("torch._C.DispatchKeySet", "redispatch below PrivateUse1 to the CPU key"),
     Hook("torch._C.DispatchKey.CPU", "redispatch below PrivateUse1 to the CPU key"),
