@@ -367,6 +367,24 @@ def test_dtypes_and_default_as_for_cuda():
                 assert not torch.is_autocast_enabled(device)
 
 
+def test_graph_mode_casts_a_region_as_eager_does():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.SiLU(),
+                                torch.nn.Linear(128, 64)).to("rbln")
+
+    def f(x):
+        with torch.autocast("rbln", dtype=torch.bfloat16):
+            y = model(x)
+            return y, y.softmax(-1)
+
+    x = torch.randn(8, 64, device="rbln")
+    want = f(x)
+    got = torch.compile(f, backend="rbln")(x)
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.bfloat16, torch.float32]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w.cpu(), **TOL[torch.bfloat16])
+
+
 def _linear_pair():
     cpu = torch.nn.Linear(64, 64)
     return cpu, copy.deepcopy(cpu).to("rbln"), torch.randn(4, 64)
