@@ -20,14 +20,17 @@ and prints ``rbln / best``, the ratio to the faster CPU variant, with the goal. 
 4. the same, bf16, batch 2, seq 128;
 5. HF Llama training step (loss, backward, ``AdamW(fused=True)``: on rbln one device program
    per step, on the CPU its fused kernel), hidden 512, 2 layers, seq 128, bf16;
-6. the small Llama of row 2 under ``torch.compile(backend="rbln")`` against CPU eager;
-7. a Llama-3.2-1B-geometry model (hidden 2048, 32 heads, 8 kv heads, 2 layers, seq 128)
+6. the training step of row 5 with the model in fp32 under bf16 autocast: on rbln under
+   ``torch.autocast("rbln")`` (its matmuls device programs), on the CPU under its own autocast
+   (the "same dtype" column) and in fp32 without it;
+7. the small Llama of row 2 under ``torch.compile(backend="rbln")`` against CPU eager;
+8. a Llama-3.2-1B-geometry model (hidden 2048, 32 heads, 8 kv heads, 2 layers, seq 128)
    forward, bf16: how the ratio moves with size;
-8. peak RSS of the medium bf16 forward (row 4), each variant in a fresh process, against the
+9. peak RSS of the medium bf16 forward (row 4), each variant in a fresh process, against the
    CPU runs and the size of the weights;
-9. an ``explain()`` region around the small forward: the time it adds.
+10. an ``explain()`` region around the small forward: the time it adds.
 
-``--quick`` keeps rows 1, 2, 5 (small), 6 and 9. ``--profile`` prints, after the table, where
+``--quick`` keeps rows 1, 2, 5, 6 (small), 7 and 10. ``--profile`` prints, after the table, where
 the medium fp16 forward's time goes on rbln (torch.profiler, CPU activity). The header names the
 CPU, PyTorch's kernel capability and the matmul choice: force the AVX2 kernel paths of an
 AVX-512/AMX host with ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``. Rows 2-9 need
@@ -136,6 +139,29 @@ def training(name, cfg, dtype, seq, goal, rounds) -> None:
         def step(m=m, opt=opt, x=x):
             opt.zero_grad(set_to_none=True)
             m(x, labels=x).loss.backward()
+            opt.step()
+        steps.append(step)
+    rb, cp, c32 = interleaved(steps, rounds=rounds)
+    row(name, rb, cp, c32, "ms", goal)
+
+
+def autocast_training(name, cfg, seq, goal, rounds) -> None:
+    """Row 5's step for a float32 model under bf16 autocast, each side its own autocast."""
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(0)
+    m32 = LlamaForCausalLM(cfg).train()
+    ids = torch.randint(0, cfg.vocab_size, (1, seq))
+    steps = []
+    for device, autocast in (("rbln", True), ("cpu", True), ("cpu", False)):
+        m = copy.deepcopy(m32).to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+        x = ids.to(device)
+
+        def step(m=m, opt=opt, x=x, device=device, autocast=autocast):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device, dtype=B, enabled=autocast):
+                loss = m(x, labels=x).loss
+            loss.backward()
             opt.step()
         steps.append(step)
     rb, cp, c32 = interleaved(steps, rounds=rounds)
@@ -297,6 +323,8 @@ def main() -> None:
     train = llama_config(hidden=512, layers=2, heads=8, kv_heads=4, seq=128)
     training("HF Llama h512, 2 layers, seq 128, bf16 training step (AdamW)", train, B, 128,
              "<= 1.3x", r)
+    autocast_training("same, fp32 model under bf16 autocast (CPU: its own autocast, and fp32)",
+                      train, 128, "<= 1.3x", r)
     graph(small, r)
     if not opts.quick:
         big = llama_config(hidden=2048, layers=2, heads=32, kv_heads=8, seq=128)

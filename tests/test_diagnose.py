@@ -57,6 +57,16 @@ def test_normal_install_reports_ok():
     assert "  runtime accepts: 1..1 (min_supported..current)" in abi
     assert re.search(r"private hooks: (\d+) of \1 present", "\n".join(abi))
     assert block(err, "settings check:") == ["settings check:", "  verdict: OK (0 variable(s) set, all valid)"]
+    from torch_rbln import amp
+    cast = len(amp.ops_cast_by("AutocastCUDA")) - len(amp.CUDA_ONLY)
+    assert block(err, "autocast:") == [
+        "autocast:",
+        "  dtypes: torch.float16, torch.bfloat16 (default torch.float16, as for CUDA)",
+        "  vendor's 0.12 binding: none (get_amp_supported_dtype() is [] there: autocast "
+        "disables itself)",
+        f"  cast ops: {cast}, CUDA's lists and policies (CUDA's own cudnn_convolution, "
+        "cudnn_convolution_transpose aside)",
+        "  verdict: OK"]
     assert "  RBLN_DEVICES= (not set)" in block(err, "Environment variables (affecting torch-rbln):")
     libs = block(err, "library integrations (patched when the library is imported):")
     for lib, checked in (("transformers", "5.23.0"), ("accelerate", "1.16.0"),
@@ -182,6 +192,15 @@ def test_shadowing_copy_is_flagged(tmp_path):
     assert f"  installed at: {os.path.realpath(PKG)}" in pkg
     assert ("  >>> Local package is shadowing the installed wheel (loaded from != installed at)."
             in pkg)
+
+
+def test_autocast_kernels_missing_an_op_cuda_casts_is_a_mismatch(monkeypatch):
+    import torch
+    from torch_rbln import amp, diagnose
+    monkeypatch.setattr(amp, "coverage", lambda: ({"aten::mm", "aten::bmm"}, set()))
+    assert diagnose.autocast_section(torch)[-1] == (
+        "  verdict: MISMATCH -- CUDA's autocast casts 2 op(s) rbln's does not: aten::bmm, "
+        "aten::mm")
 
 
 def test_diagnose_mode_skips_backend_init():

@@ -11,6 +11,8 @@ initialised; it imports torch itself only to check it, and prints the whole repo
 * the virtual NPU runtime: NPU model, physical NPUs, the logical mapping, memory per device;
 * ``rebel ABI handshake:`` (:mod:`torch_rbln.abi`) ending in ``verdict: OK`` or
   ``verdict: MISMATCH -- <reason>``;
+* ``autocast:``: the dtypes ``torch.autocast("rbln")`` takes and whether the native core casts
+  the ops CUDA's autocast casts (``verdict: OK`` or ``verdict: MISMATCH -- ...``);
 * ``settings check:``: each set variable against the values it accepts (``[FAIL]`` lines naming
   variable, value and what is accepted; ``verdict: OK`` or ``verdict: FAILED -- ...``);
 * ``library integrations:``: the Hugging Face libraries taught rbln (:mod:`torch_rbln.integrations`),
@@ -173,6 +175,33 @@ def abi_section(torch, error) -> list[str]:
     return out
 
 
+def autocast_section(torch) -> list[str]:
+    """What ``torch.autocast("rbln")`` casts: the dtypes, and the native kernels against the ops
+    CUDA's autocast casts (registered here if the backend is not loaded: they are the check)."""
+    out = ["autocast:"]
+    if torch is None:
+        return out + ["  not checked (torch could not be imported)"]
+    from . import amp
+    names = ", ".join(map(str, amp.SUPPORTED_DTYPES))
+    default = torch.get_autocast_dtype(torch._C._get_privateuse1_backend_name())
+    out += [f"  dtypes: {names} (default {default}, as for CUDA)",
+            "  vendor's 0.12 binding: none (get_amp_supported_dtype() is [] there: autocast "
+            "disables itself)"]
+    try:
+        missing, extra = amp.coverage()
+    except Exception as e:
+        return out + [f"  verdict: MISMATCH -- the cast kernels could not be checked ({_err(e)})"]
+    cast = amp.ops_cast_by("AutocastPrivateUse1")
+    own = ", ".join(n.removeprefix("aten::") for n in amp.CUDA_ONLY)
+    out.append(f"  cast ops: {len(cast)}, CUDA's lists and policies (CUDA's own {own} aside)")
+    if missing:
+        out.append(f"  verdict: MISMATCH -- CUDA's autocast casts {len(missing)} op(s) rbln's does "
+                   f"not: {', '.join(sorted(missing))}")
+    else:
+        out.append("  verdict: OK")
+    return out
+
+
 def settings_section() -> list[str]:
     """Every set TORCH_RBLN_* / RBLN_* variable checked against what it accepts: a bad value is
     a failed check (``import torch`` still works; the first rbln use raises that error)."""
@@ -257,8 +286,8 @@ def collect() -> list[str]:
     torch, error = import_torch()
     sections = (package_section, lambda: torch_section(torch, error), lambda: cpu_section(torch),
                 runtime_section,
-                lambda: abi_section(torch, error), settings_section, integrations_section,
-                env_section)
+                lambda: abi_section(torch, error), lambda: autocast_section(torch),
+                settings_section, integrations_section, env_section)
     for section in sections:
         try:
             lines += section()

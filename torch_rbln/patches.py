@@ -403,6 +403,11 @@ PRIVATE: tuple[Hook, ...] = (
     Hook("torch.utils._python_dispatch.TorchDispatchMode._should_skip_dynamo",
          "the compiler's lowering mode never imports Dynamo"),
     Hook("torch._decomp.decomposition_table", "op lowering in the compiler"),
+    # autocast (amp.py, diagnose.py): the ops each autocast key casts
+    Hook("torch._C._dispatch_get_all_op_names", "the ops autocast casts (diagnose)",
+         at_import=False),
+    Hook("torch._C._get_privateuse1_backend_name", "autocast's default dtype in diagnose",
+         at_import=False),
     # graph mode (graph/*): needed by the first torch.compile(backend="rbln")
     Hook("torch._C._dispatch_has_kernel_for_dispatch_key", "graph partitioning", at_import=False),
     Hook("torch._guards.detect_fake_mode", "graph-mode example inputs", at_import=False),

@@ -55,8 +55,10 @@ REMEDY = {
     "cpu_fallback":
         "ops ran on the CPU instead of the NPU; run the step in graph mode "
         "(torch.compile(model, backend='rbln')), convert to a supported dtype (float16 or "
-        "bfloat16) before .to('rbln'), and meet the op's input rules (see why:); ops that are "
-        "host-only by nature (argmax, sampling) are expected here",
+        "bfloat16) before .to('rbln') or run a float32 model under "
+        "torch.autocast('rbln', dtype=torch.bfloat16) (its matmuls then run on the NPU), and "
+        "meet the op's input rules (see why:); ops that are host-only by nature (argmax, "
+        "sampling) are expected here",
     "recompile":
         "programs were compiled for new (op, shape, dtype) keys; one cold compile per key is "
         "expected, but compiles in a steady loop mean the shapes keep changing: pad or bucket "
