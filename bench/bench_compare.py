@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_explain import build_model      # the same Llama, sized by the arguments
+from bench_explain import build_model, interleave   # the same Llama, sized by the arguments
 
 
 def main() -> None:
@@ -71,15 +71,8 @@ def main() -> None:
 
     compared()          # the first region builds the golden copy of the model: not timed
     variants = {"no region": plain, "compare()": compared, "record() (statistics)": recorded}
-    wall: dict[str, list[float]] = {k: [] for k in variants}
-    cpu: dict[str, list[float]] = {k: [] for k in variants}
     golden.clear()
-    for _ in range(args.reps):
-        for name, fn in variants.items():
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
+    wall, cpu = interleave(variants, args.reps)
     shutil.rmtree(tmp, ignore_errors=True)
 
     wall["no region, before any region"] = before_wall

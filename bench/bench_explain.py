@@ -31,6 +31,19 @@ def build_model(hidden: int = 256, layers: int = 2, seq: int = 64):
     return model, ids
 
 
+def interleave(variants: dict, reps: int) -> tuple[dict, dict]:
+    """Run each variant once per round, ``reps`` rounds: ``(wall, cpu)`` seconds per variant."""
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return wall, cpu
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
@@ -61,14 +74,7 @@ def main() -> None:
             forward()
 
     variants = {"no region": plain, "explain()": region, "explain(with_stack=True)": stacked}
-    wall: dict[str, list[float]] = {k: [] for k in variants}
-    cpu: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(args.reps):
-        for name, fn in variants.items():
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
+    wall, cpu = interleave(variants, args.reps)
 
     with torch.rbln.explain(with_stack=True) as p:
         forward()

@@ -83,9 +83,6 @@ class Skips:
         self.modules[why] = self.modules.get(why, 0) + 1
 
 
-_FAILED = object()
-
-
 def _random(module: torch.nn.Module) -> bool:
     """A module in training mode with dropout: its golden run draws other numbers."""
     return module.training and any(
@@ -155,14 +152,11 @@ class RBLNCompare(Region):
             return None
 
     def op_after(self, info, func, args, kwargs, out, token) -> None:
-        want = self._golden(self._skips.op, gold.op_fn(func), *token)
-        if want is _FAILED:
+        checked = self._check(self._skips.op, gold.op_fn(func), *token, out, keep=True)
+        if checked is None:
             return
-        pairs = _pairs(out, want)
-        if not pairs:
-            self._skips.op("no floating result")
-            return
-        e, dtype = self._errors(pairs, keep=True)
+        e, pairs = checked
+        dtype = pairs[0][0].dtype
         self._dtypes.add(dtype)
         reduced = _reduced(token[0], pairs)
         entry = {"seq": info.seq, "op": info.op, "phase": info.phase, "route": info.route,
@@ -217,15 +211,9 @@ class RBLNCompare(Region):
         except gold.NotCopyable:
             self._skips.module("module not copyable")
             return
-        want = self._golden(self._skips.module, g, g_args, g_kwargs)
-        if want is _FAILED:
-            return
-        pairs = _pairs(output, want)
-        if not pairs:
-            self._skips.module("no floating output")
-            return
-        e, dtype = self._errors(pairs, keep=False)
-        self._module_entry(call, e, pairs[0][0])
+        checked = self._check(self._skips.module, g, g_args, g_kwargs, output, keep=False)
+        if checked is not None:
+            self._module_entry(call, checked[0], checked[1][0][0])
 
     def _module_entry(self, call, e: dict, first: torch.Tensor) -> None:
         dtype = first.dtype
@@ -238,27 +226,29 @@ class RBLNCompare(Region):
                          or self._bad_hints.get(call.first_bad)) if entry["diverged"] else None
         self._modules.append(entry)
 
-    def _golden(self, skip, fn, args, kwargs):
-        """``fn`` on the golden inputs, timed; where it fails (no host kernel, a module that
-        does not run on the host) the check is skipped, counted under the error's type."""
+    def _check(self, skip, fn, args, kwargs, actual, keep: bool):
+        """``(errors, pairs)`` of ``actual`` against ``fn`` run on the golden inputs (timed as
+        the golden work), or None where there is nothing to compare: the golden run failed (no
+        host kernel, a module that does not run on the host; counted under the error's type)
+        or no result is floating. ``keep``: the widened results are kept for the ops that read
+        them next."""
         t0 = time.perf_counter_ns()
         try:
             with torch.no_grad():
-                return fn(*args, **kwargs)
+                want = fn(*args, **kwargs)
         except Exception as e:   # noqa: BLE001 - whatever the golden side meets, it is reported
             skip(f"no host run ({type(e).__name__})")
-            return _FAILED
+            return None
         finally:
             self._golden_ns += time.perf_counter_ns() - t0
-
-    def _errors(self, pairs, keep: bool) -> tuple[dict, torch.dtype]:
-        """The errors of results against their golden; ``keep``: the widened results are kept
-        for the ops that read them next."""
-        dtype = pairs[0][0].dtype
-        atol, rtol = self.tol.of(dtype)
+        pairs = _pairs(actual, want)
+        if not pairs:
+            skip("no floating result")
+            return None
+        atol, rtol = self.tol.of(pairs[0][0].dtype)
         w = self._widener
-        actual = [w.tensor(a) if keep else gold.widen(a, self.golden) for a, _ in pairs]
-        return stats.errors(actual, [g for _, g in pairs], atol, rtol), dtype
+        got = [w.tensor(a) if keep else gold.widen(a, self.golden) for a, _ in pairs]
+        return stats.errors(got, [g for _, g in pairs], atol, rtol), pairs
 
     # reading --------------------------------------------------------------------------------
     def _closed(self) -> dict:
