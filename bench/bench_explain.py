@@ -19,14 +19,29 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def build_model():
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, vocab_size=1024,
-                      max_position_embeddings=128)
+def build_model(hidden: int = 256, layers: int = 2, seq: int = 64):
+    """A Llama with random weights in fp16 on rbln (heads of 64), and ``seq`` token ids."""
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 43 // 16,
+                      num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                      num_key_value_heads=hidden // 64, vocab_size=1024,
+                      max_position_embeddings=max(128, seq))
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(torch.float16).to("rbln").eval()
-    ids = torch.randint(0, cfg.vocab_size, (1, 64)).to("rbln")
+    ids = torch.randint(0, cfg.vocab_size, (1, seq)).to("rbln")
     return model, ids
+
+
+def interleave(variants: dict, reps: int) -> tuple[dict, dict]:
+    """Run each variant once per round, ``reps`` rounds: ``(wall, cpu)`` seconds per variant."""
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return wall, cpu
 
 
 def main() -> None:
@@ -59,14 +74,7 @@ def main() -> None:
             forward()
 
     variants = {"no region": plain, "explain()": region, "explain(with_stack=True)": stacked}
-    wall: dict[str, list[float]] = {k: [] for k in variants}
-    cpu: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(args.reps):
-        for name, fn in variants.items():
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
+    wall, cpu = interleave(variants, args.reps)
 
     with torch.rbln.explain(with_stack=True) as p:
         forward()

@@ -84,10 +84,24 @@ BAD = {
     "TORCH_RBLN_VIRTUAL_NPUS": "none", "TORCH_RBLN_DEVICE_MEMORY": "lots",
     "TORCH_RBLN_NATIVE_WARM_PATH": "maybe", "TORCH_RBLN_MATMUL_PRECISION": "fast",
     "TORCH_RBLN_C10D_ASYNC": "sometimes", "RBLN_FORCE_LOOPBACK_CONTROL_PLANE": "maybe",
+    "TORCH_RBLN_TEST_FAULT": "silu@first",
 }
 # read only by torch.distributed (each collective, each group creation; tested at the end of
 # this file), so a first device use never reads them
 DISTRIBUTED_ONLY = {"TORCH_RBLN_C10D_ASYNC", "RBLN_FORCE_LOOPBACK_CONTROL_PLANE"}
+
+
+def test_test_fault_values():
+    """TORCH_RBLN_TEST_FAULT (test only, runtime/faults.py): where, the op, the run, the amount."""
+    from torch_rbln import config
+    parse = lambda raw: config.parse("TORCH_RBLN_TEST_FAULT", raw)   # noqa: E731
+    assert parse("") is None
+    assert parse("aten::silu") == ("both", "aten::silu", None, 1.0)
+    assert parse("graph:aten::mul.Tensor@3+0.5") == ("graph", "aten::mul.Tensor", 3, 0.5)
+    assert parse("eager:aten::add+-2") == ("eager", "aten::add", None, -2.0)
+    for bad in ("silu", "aten::silu@0", "cpu:aten::silu", "aten::silu+x"):
+        with pytest.raises(config.EnvError, match="TORCH_RBLN_TEST_FAULT"):
+            parse(bad)
 
 
 def test_a_bad_value_never_breaks_import_torch():

@@ -1,5 +1,5 @@
-"""The ``torch.rbln`` namespace: device, streams and events, memory, RNG, explain, guard,
-compiled programs (docs/torch-rbln.md ("torch.rbln API"))."""
+"""The ``torch.rbln`` namespace: device, streams and events, memory, RNG, explain, compare,
+guard, compiled programs (docs/torch-rbln.md ("torch.rbln API"))."""
 
 from .device_api import *  # noqa: F401,F403
 from .device_api import (_exchange_device, _get_device_index, _is_compiled,  # noqa: F401
@@ -26,6 +26,9 @@ def __getattr__(name):
     if name in ("explain", "explain_steady", "RBLNExplain", "RBLNDiff", "profile", "RBLNProfile"):
         from . import explain as _explain
         return getattr(_explain, name)
+    if name in ("compare", "RBLNCompare"):
+        from . import compare as _compare
+        return getattr(_compare, name)
     if name in ("guard", "GuardError"):
         from . import guard as _guard
         return getattr(_guard, name)

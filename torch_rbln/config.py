@@ -240,6 +240,25 @@ def _parse_device_map(name: str, raw: str) -> tuple:
     return tuple(groups)
 
 
+def _test_fault(name: str, raw: str) -> tuple | None:
+    # [eager:|graph:]OP[@N][+AMOUNT]: where (both by default), aten::mul (every overload) or
+    # aten::mul.Tensor (that one), @3 (its third eager device run from when it was set), +0.5
+    # (added to each element; default 1)
+    v = raw.strip()
+    if not v:
+        return None
+    m = re.fullmatch(r"(?:(eager|graph):)?(aten::\w+(?:\.\w+)?)(?:@([1-9]\d*))?"
+                     r"(?:\+([0-9.eE+-]+))?", v)
+    try:
+        amount = float(m.group(4)) if m and m.group(4) else 1.0
+    except ValueError:
+        m = None
+    if m is None:
+        raise _bad(name, raw, "[eager:|graph:]OP[@N][+AMOUNT], e.g. `aten::silu`, "
+                              "`eager:aten::mul.Tensor@3+0.5`")
+    return m.group(1) or "both", m.group(2), int(m.group(3)) if m.group(3) else None, amount
+
+
 def _npu_name(name: str, raw: str) -> str:
     v = raw.strip()
     if not re.fullmatch(r"RBLN-C[AR]\d\d", v):
@@ -303,6 +322,12 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "Development only: skip the named pre-dispatch checks (warns once)."),
     Var("TORCH_RBLN_EAGER_MALLOC", False, _flag_one, "live", "1",
         "Allocate device memory when a tensor is created instead of at first device use."),
+    Var("TORCH_RBLN_TEST_FAULT", None, _test_fault, "live",
+        "`OP`, `eager:OP` or `graph:OP`; then `@N`, `+AMOUNT`",
+        "Test only: a deliberate error in one op's device result, added to each element of "
+        "the op's output in the programs compiled while it is set: eager device programs and "
+        "graph partitions, or only those of `eager:` / `graph:`; `@N` only the Nth eager run. "
+        "For the tests of torch.rbln.compare and the minifier; never set it otherwise (ours)."),
     Var("TORCH_RBLN_DISABLE_FALLBACK", frozenset(), _fallback_categories, "category",
         "comma list of " + ", ".join(FALLBACK_CATEGORIES) + ", or all",
         "Turn the listed silent fallbacks into errors (unsupported_op is fixed at load)."),

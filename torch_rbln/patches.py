@@ -411,6 +411,15 @@ PRIVATE: tuple[Hook, ...] = (
          at_import=False),
     Hook("torch._C._get_privateuse1_backend_name", "autocast's default dtype in diagnose",
          at_import=False),
+    # torch.rbln.compare (compare/*): loaded at its first use
+    Hook("torch._C._current_autograd_node", "compare: which backward node runs an op"),
+    Hook("torch._C._DisableTorchDispatch",
+         "compare: golden runs and summaries inside a region are not observed"),
+    Hook("torch.utils._pytree.tree_leaves", "compare: the tensors of a result"),
+    Hook("torch.nn.modules.dropout._DropoutNd", "compare: modules that draw random numbers"),
+    Hook("torch.nn.modules.module.Module._call_impl",
+         "compare: a module call's keyword arguments, read off the frame that runs the global "
+         "forward pre-hooks (they receive the positional ones only)"),
     # graph mode (graph/*): needed by the first torch.compile(backend="rbln")
     Hook("torch._C._dispatch_has_kernel_for_dispatch_key", "graph partitioning", at_import=False),
     Hook("torch._guards.detect_fake_mode", "graph-mode example inputs", at_import=False),

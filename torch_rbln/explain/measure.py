@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from . import fmt, remedies
+from . import buckets, fmt, remedies
 
 Snapshot = dict  # kind -> key -> [count, amount], as events.snapshot() returns it
 
@@ -153,6 +153,44 @@ def _recompile_causes(moved: dict[str, tuple[int, int]], order: dict[str, int],
     return rows
 
 
+def cause_groups(rows: list[dict]) -> list[dict]:
+    """The recompile causes grouped per op and varying part: the values the part took, how many
+    recompiles it caused and its first call site; arguments that varied alike share a group."""
+    by_arg: dict[tuple, dict] = {}
+    for r in rows:
+        g = by_arg.setdefault((r["op"], r["argument"], r["part"]),
+                              {"op": r["op"], "arguments": [r["argument"]], "part": r["part"],
+                               "values": [], "count": 0, "at": None, "changes": []})
+        for v in (r["before"], r["after"]):
+            if v not in g["values"]:
+                g["values"].append(v)
+        g["count"] += r["count"]
+        g["changes"].append((r["before"], r["after"]))
+        g["at"] = g["at"] or r.get("at")
+    merged: dict[tuple, dict] = {}
+    for g in by_arg.values():
+        same = (g["op"], g["part"], tuple(sorted(map(str, g["values"]))), g["count"])
+        if same in merged:
+            merged[same]["arguments"] += g["arguments"]
+        else:
+            merged[same] = g
+    return sorted(merged.values(), key=lambda g: -g["count"])
+
+
+def _buckets(rows: list[dict]) -> list[dict]:
+    """For each dim that kept changing (a cause group of part ``dim N`` with sizes), the bucket
+    sizes that cap its compiles at ``buckets.BUDGET`` with the least padding."""
+    out = []
+    for g in cause_groups(rows):
+        if not g["part"].startswith("dim ") or not all(
+                isinstance(v, int) and v >= 0 for v in g["values"]) or len(g["values"]) < 2:
+            continue
+        b = buckets.suggest(g["values"])
+        out.append({"op": g["op"], "arguments": g["arguments"], "part": g["part"],
+                    **b.as_dict(), "line": b.line(g["part"])})
+    return out
+
+
 def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str, str],
                memory: dict | None = None) -> dict:
     """The region's dump from the counters at its start and end; ``memory``: the
@@ -209,6 +247,9 @@ def build_dump(before: Snapshot, after: Snapshot, wall_ns: int, trace: dict[str,
         d["graph"] = graph
     if causes:
         d["recompile_causes"] = _recompile_causes(causes, d["recompile_by_op"], trace)
+        suggested = _buckets(d["recompile_causes"])
+        if suggested:
+            d["recompile_buckets"] = suggested
     collectives = _collectives(_delta(before, after, "collective"))
     if collectives:
         d["collectives"] = collectives

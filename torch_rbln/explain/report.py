@@ -172,33 +172,9 @@ def _details(d: dict) -> list[str]:
     if d["recompile_by_op"]:
         out.append("  dispatch/recompile:")
         out += _op_lines(d["recompile_by_op"], trace)
-        out += _cause_lines(d.get("recompile_causes", []))
+        out += _cause_lines(d.get("recompile_causes", []), d.get("recompile_buckets", []))
         out.append("")
     return out
-
-
-def cause_groups(rows: list[dict]) -> list[dict]:
-    """The recompile causes grouped per op and varying part: the values the part took, how many
-    recompiles it caused and its first call site; arguments that varied alike share a group."""
-    by_arg: dict[tuple, dict] = {}
-    for r in rows:
-        g = by_arg.setdefault((r["op"], r["argument"], r["part"]),
-                              {"op": r["op"], "arguments": [r["argument"]], "part": r["part"],
-                               "values": [], "count": 0, "at": None, "changes": []})
-        for v in (r["before"], r["after"]):
-            if v not in g["values"]:
-                g["values"].append(v)
-        g["count"] += r["count"]
-        g["changes"].append((r["before"], r["after"]))
-        g["at"] = g["at"] or r.get("at")
-    merged: dict[tuple, dict] = {}
-    for g in by_arg.values():
-        same = (g["op"], g["part"], tuple(sorted(map(str, g["values"]))), g["count"])
-        if same in merged:
-            merged[same]["arguments"] += g["arguments"]
-        else:
-            merged[same] = g
-    return sorted(merged.values(), key=lambda g: -g["count"])
 
 
 def _took(g: dict) -> str:
@@ -212,10 +188,11 @@ def _took(g: dict) -> str:
     return f"took {len(vals)} values: {shown}"
 
 
-def _cause_lines(rows: list[dict]) -> list[str]:
+def _cause_lines(rows: list[dict], bucket_rows: list[dict]) -> list[str]:
     if not rows:
         return []
-    groups = cause_groups(rows)
+    groups = measure.cause_groups(rows)
+    buckets = {(b["op"], tuple(b["arguments"]), b["part"]): b for b in bucket_rows}
     out = ["    why (what differs from the op's closest earlier program):"]
     for g in groups[:MAX_OPS]:
         args = ", ".join(g["arguments"])
@@ -225,6 +202,9 @@ def _cause_lines(rows: list[dict]) -> list[str]:
             line += f"  at {fmt.short_stack(g['at'])}"
         out.append(line)
         out.append(f"        fix: {remedies.recompile_cause_fix(g['part'])}")
+        b = buckets.get((g["op"], tuple(g["arguments"]), g["part"]))
+        if b is not None:
+            out.append(f"        suggest: {b['line']}")
     if len(groups) > MAX_OPS:
         out.append(f"      +{len(groups) - MAX_OPS} more")
     return out

@@ -10,7 +10,7 @@ import torch.fx
 
 from ..dispatch import cuda_dtypes
 from ..dispatch.attention_dropout import with_attention_dropout
-from ..runtime import executors
+from ..runtime import executors, faults
 
 _CPU = torch.device("cpu")
 
@@ -168,3 +168,27 @@ def widened_inputs(gm: torch.fx.GraphModule) -> frozenset:
     if out:
         gm.recompile()
     return frozenset(out)
+
+
+def inject_fault(gm: torch.fx.GraphModule) -> None:
+    """Test only (``TORCH_RBLN_TEST_FAULT``, ``runtime/faults.py``): the faulty op's floating
+    results in a device partition get the fault's amount added, as its eager programs do."""
+    fault = faults.spec("graph")
+    if fault is None:
+        return
+    op, _, amount = fault
+    hit = False
+    for n in list(gm.graph.nodes):
+        if (n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload)
+                or not faults.matches(op, n.target.name())):
+            continue
+        val = n.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not val.is_floating_point():
+            continue
+        with gm.graph.inserting_after(n):
+            bumped = gm.graph.call_function(torch.ops.aten.add.Tensor, (n, amount))
+        bumped.meta["val"] = val
+        n.replace_all_uses_with(bumped, delete_user_cb=lambda user: user is not bumped)
+        hit = True
+    if hit:
+        gm.recompile()

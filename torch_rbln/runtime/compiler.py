@@ -27,7 +27,7 @@ from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import _C, events
-from . import caches
+from . import caches, faults
 
 _record = events.record
 
@@ -244,7 +244,7 @@ def compile_op(op_name: str, body, key, args, kwargs, build) -> Program:
     specialised to it. Records a ``recompile`` event."""
     t0 = time.perf_counter_ns()
     prims, out_meta = lower(body, args, kwargs)
-    run = build(out_meta)
+    run = faults.wrap(op_name, build(out_meta))
     prog = Program(op_name, key, prims, out_meta, run, widened=getattr(run, "widened", False))
     prog.compile_ns = time.perf_counter_ns() - t0
     with _lock:

@@ -1,0 +1,296 @@
+"""torch.rbln.compare: live golden comparison, records compared offline, the minifier.
+
+Faults are injected with the test-only switch (``torch_rbln.compare.testing.fault``, the
+``TORCH_RBLN_TEST_FAULT`` variable): one device op adds a constant to its result, and the
+comparison must name that op, its module and its line."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, clean_env
+from torch_rbln import events, tolerances
+from torch_rbln.compare import offline, testing
+from torch_rbln.compare.__main__ import main as cli
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width=64):
+        super().__init__()
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.act = torch.nn.SiLU()
+        self.down = torch.nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))      # the line the act's ops are called from
+
+
+FORWARD_LINE = inspect.getsourcelines(Block.forward)[1] + 1
+
+
+def _model(dtype=torch.float16, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(Block(), Block()).to(dtype).to("rbln")
+
+
+def _x(dtype=torch.float16, grad=False):
+    torch.manual_seed(1)
+    return torch.randn(8, 64, dtype=dtype).to("rbln").requires_grad_(grad)
+
+
+def test_injected_fault_is_the_first_divergence_with_op_module_and_line():
+    m, x = _model(), _x()
+    with testing.fault("aten::silu", nth=2, amount=0.5, where="eager"):
+        with torch.rbln.compare() as c:
+            m(x)
+    first = c.first_divergence()
+    op, mod = first["op"], first["module"]
+    assert (op["op"], op["module"], op["phase"], op["route"]) == ("aten::silu", "1.act",
+                                                                  "forward", "device")
+    assert op["at"].startswith(f"{__file__}:{FORWARD_LINE}(forward)")
+    assert op["max_abs"] == pytest.approx(0.5, abs=1e-3) and op["outside"] == op["numel"]
+    # the first module out of tolerance is the innermost one holding the op; the faulty op
+    # is named inside it, and every module around it diverged after it (1.down is right: its
+    # golden starts from the same, wrong, inputs)
+    assert (mod["path"], mod["class"], mod["first_op"]) == ("1.act", "SiLU", op["seq"])
+    d = c.dump()
+    assert [m["path"] for m in d["modules"] if m["diverged"]] == ["1.act", "1", "Sequential"]
+    assert [e["op"] for e in d["ops"] if e["diverged"]] == ["aten::silu"]   # its own error only
+    assert all(not e["diverged"] for e in d["ops"] if e["seq"] != op["seq"])
+    text = c.report()
+    assert text.startswith("[diverged: 1 op, 3 module calls]  RBLN COMPARE")
+    assert "    module  1.act (SiLU) float16: 1,024/1,024 elements out of tolerance" in text
+    assert f"first op out of tolerance inside: #{op['seq']} aten::silu" in text
+    assert str(c) == text
+
+
+def test_overflowing_layer_is_found_with_the_overflow_hint():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                            torch.nn.Linear(64, 64))
+    with torch.no_grad():
+        m[1].weight.mul_(1e5)               # large activations: beyond fp16's 65504
+    m = m.half().to("rbln")
+    with torch.rbln.compare() as c:
+        m(_x())
+    first = c.first_divergence()
+    op, mod = first["op"], first["module"]
+    assert (mod["path"], op["op"], op["module"]) == ("1", "aten::linear", "1")
+    assert op["nonfinite_actual"] > 0 and op["nonfinite_reference"] == 0
+    assert op["ref_max"] > 65504
+    for e in (op, mod):
+        assert e["hint"].startswith("overflow: the golden reaches") and "bfloat16" in e["hint"]
+    assert "hint: overflow" in c.report()
+
+
+def test_backward_ops_are_compared_and_named_after_their_module():
+    m, x = _model(), _x(grad=True)
+    with testing.fault("aten::silu_backward", nth=1, amount=0.25, where="eager"):
+        with torch.rbln.compare() as c:
+            m(x).float().sum().backward()
+    d = c.dump()
+    backward = [e for e in d["ops"] if e["phase"] == "backward"]
+    assert {e["op"] for e in backward} >= {"aten::silu_backward", "aten::linear_backward"}
+    op = c.first_divergence()["op"]
+    # the first backward of a SiLU runs for the last block
+    assert (op["op"], op["phase"], op["node"], op["module"]) == (
+        "aten::silu_backward", "backward", "SiluBackward0", "1.act")
+    assert op["at"].startswith(f"{__file__}:{FORWARD_LINE}(forward)")     # its forward's line
+    assert c.first_divergence()["module"] is None       # module outputs (forward) are right
+    assert "aten::silu_backward (bw)" in c.report()
+
+
+def test_a_clean_fp32_model_on_rbln_reports_no_divergence():
+    m, x = _model(torch.float32), _x(torch.float32, grad=True)
+    with torch.rbln.compare() as c:
+        m(x).sum().backward()
+    d = c.dump()
+    assert c.first_divergence() is None
+    assert d["counts"]["ops"] >= 10 and d["counts"]["modules"] == 9   # 1 + 2 blocks + 6 leaves
+    assert any(e["phase"] == "backward" for e in d["ops"])
+    assert all(e["worst"] <= 1 for e in d["ops"] + d["modules"])
+    assert d["tolerances"] == {"float32": {"atol": 1e-4, "rtol": 1e-4}}
+    assert c.report().startswith("[within tolerance]  RBLN COMPARE")
+
+
+def test_tolerances_come_from_the_table_and_can_be_overridden():
+    m, x = _model(), _x()
+    with testing.fault("aten::silu", nth=1, amount=0.5, where="eager"):
+        with torch.rbln.compare(atol={torch.float16: 1.0}) as loose:
+            m(x)
+    assert loose.first_divergence() is None
+    assert loose.dump()["tolerances"]["float16"] == {"atol": 1.0, "rtol": 1e-2}
+    with pytest.raises(ValueError, match="float32 or float64"):
+        torch.rbln.compare(golden="float16")
+    with pytest.raises(KeyError, match="no tolerance for torch.int32"):
+        tolerances.for_dtype(torch.int32)
+
+
+def test_the_tolerance_table_is_the_one_docs_eager_shows():
+    assert tolerances.markdown() in (ROOT / "docs" / "eager.md").read_text()
+
+
+def test_compare_costs_nothing_outside_its_region():
+    from torch.nn.modules import module as nn_module
+    before = (dict(nn_module._global_forward_hooks), dict(nn_module._global_forward_pre_hooks),
+              events._listeners)
+    m, x = _model(), _x()
+    with torch.rbln.compare():
+        assert len(nn_module._global_forward_pre_hooks) == len(before[1]) + 1
+        assert torch._C._len_torch_dispatch_stack() == 1
+        m(x)
+    after = (dict(nn_module._global_forward_hooks), dict(nn_module._global_forward_pre_hooks),
+             events._listeners)
+    assert after == before and torch._C._len_torch_dispatch_stack() == 0
+    with torch.rbln.compare():
+        with pytest.raises(RuntimeError, match="must not overlap"):
+            with torch.rbln.compare():
+                pass
+
+
+# -- records and the command line ----------------------------------------------------------
+
+LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+
+
+def test_record_and_cli_cpu_fp32_against_rbln_fp16_find_the_live_first_divergence(
+        tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).eval()
+    dev = copy.deepcopy(cpu).to(torch.float16).to("rbln")
+    ids = torch.randint(0, LLAMA["vocab_size"], (1, 16))
+    a, b, b_stats = tmp_path / "cpu-fp32", tmp_path / "rbln-fp16", tmp_path / "rbln-fp16-stats"
+    fault = dict(op="aten::silu", nth=2, amount=0.5, where="eager")   # layer 1's MLP
+    with torch.no_grad():
+        with torch.rbln.compare.record(a, tensors=True):
+            cpu(ids)
+        with testing.fault(**fault):
+            with torch.rbln.compare.record(b, tensors=True):
+                dev(ids.to("rbln"))
+        with testing.fault(**fault):
+            with torch.rbln.compare.record(b_stats):
+                dev(ids.to("rbln"))
+        with testing.fault(**fault):
+            with torch.rbln.compare() as live:
+                dev(ids.to("rbln"))
+    want = live.first_divergence()
+    assert (want["module"]["path"], want["op"]["op"], want["op"]["module"]) == (
+        "model.layers.1.mlp.act_fn", "aten::silu", "model.layers.1.mlp.act_fn")
+
+    meta = json.loads((b / "meta.json").read_text())
+    assert meta["devices"] == ["rbln"] and "float16" in meta["dtypes"] and meta["tensors"]
+    assert json.loads((a / "meta.json").read_text())["devices"] == ["cpu"]
+    line = json.loads((b / "index.jsonl").read_text().splitlines()[0])
+    assert line["kind"] in ("op", "module") and line["outputs"][0]["sample"]
+
+    for rec in (b, b_stats):            # the tensors, and the summaries alone
+        code = cli([str(a), str(rec), "--json", str(tmp_path / "d.json")])
+        out = capsys.readouterr().out
+        assert code == 1
+        d = json.loads((tmp_path / "d.json").read_text())
+        got = d["first_divergence"]
+        assert (got["module"]["path"], got["op"]["op"], got["op"]["module"]) == (
+            want["module"]["path"], want["op"]["op"], want["op"]["module"])
+        assert got["op"]["at"] == want["op"]["at"]
+        assert out.startswith("[diverged: ")
+        assert f"RBLN COMPARE   (B {rec.name} (rbln, float16/float32) against A cpu-fp32 (cpu, " \
+               "float32))" in out
+        assert "    module  model.layers.1.mlp.act_fn (SiLUActivation) float16: " in out
+    assert "sampled" in out and d["modules"][0].get("sampled") == 64
+
+    # the same run against itself: nothing diverges
+    assert offline.compare_records(b, b)["first_divergence"] is None
+    assert cli([str(a), str(tmp_path / "missing")]) == 2
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        torch.rbln.compare.record(a).__enter__()
+
+
+# -- graph mode: the accuracy minifier --------------------------------------------------------
+
+MINIFY = """
+import torch, torch._dynamo
+torch._dynamo.config.repro_after = "dynamo"
+torch._dynamo.config.repro_level = 4
+torch._dynamo.config.debug_dir_root = {root!r}
+
+def f(x, w):
+    return (torch.nn.functional.silu(x @ w) * 2).sum(-1)
+
+x = torch.randn(64, 64, dtype=torch.float16, device="rbln")
+w = torch.randn(64, 64, dtype=torch.float16, device="rbln")
+try:
+    torch.compile(f, backend="rbln")(x, w)
+except Exception as e:
+    e = getattr(e, "inner_exception", e)
+    print(type(e).__name__, getattr(e, "minifier_path", ""))
+"""
+
+
+def _run(args, cwd, env_extra=None, timeout=600):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd,
+                          env=clean_env(env_extra), timeout=timeout)
+
+
+def _launcher(tmp_path) -> str:
+    script = tmp_path / "accuracy.py"
+    script.write_text(MINIFY.format(root=str(tmp_path / "debug")))
+    r = _run([str(script)], tmp_path, {testing.VAR: "graph:aten::silu"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Accuracy failed for the TorchDynamo produced graph" in r.stderr
+    path = r.stdout.split()[-1]
+    assert path.endswith("minifier_launcher.py") and os.path.isfile(path), r.stdout
+    return path
+
+
+def test_an_accuracy_failure_under_the_rbln_backend_writes_the_minifier_launcher(tmp_path):
+    """Dynamo's accuracy check (repro_level=4) compares the rbln-compiled graph with eager and
+    writes a launcher that finds the rbln backend and rbln tensors again."""
+    import torch._dynamo
+
+    def f(x):
+        return torch.nn.functional.silu(x) * 2
+
+    x = torch.randn(8, 64, dtype=torch.float16).to("rbln")
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(repro_after="dynamo", repro_level=4,
+                                         debug_dir_root=str(tmp_path)), \
+                testing.fault("aten::silu", where="graph"):
+            with pytest.raises(Exception) as info:
+                torch.compile(f, backend="rbln")(x)
+            # eager keeps the right values: the fault is the graph's alone
+            torch.testing.assert_close(f(x).cpu(), f(x.cpu().float()).half(), atol=1e-2,
+                                       rtol=1e-2)
+    finally:
+        torch._dynamo.reset()
+    err = getattr(info.value, "inner_exception", info.value)
+    assert type(err).__name__ == "AccuracyError"
+    src = open(err.minifier_path).read()
+    assert "backend='rbln'" in src and "device=device(type='rbln', index=0)" in src
+    assert "os.environ['TORCH_RBLN_TEST_FAULT'] = 'graph:aten::silu'" in src
+
+
+@pytest.mark.slow
+def test_the_minifier_narrows_the_faulty_graph_to_the_faulty_op(tmp_path):
+    launcher = _launcher(tmp_path)
+    folder = os.path.dirname(launcher)
+    # the launcher runs on its own and shows the accuracy failure of the rbln backend
+    r = _run([launcher, "run"], folder)
+    assert r.returncode != 0 and "AccuracyError: Dynamo failed" in r.stderr, r.stderr[-3000:]
+    r = _run([launcher], folder)
+    assert r.returncode == 0 and "Wrote minimal repro out to repro.py" in r.stdout + r.stderr
+    repro = open(os.path.join(folder, "repro.py")).read()
+    body = repro[repro.index("def forward"):repro.index("mod = Repro()")]
+    assert "silu" in body and "@" not in body and "sum" not in body     # the faulty op alone
+    r = _run([os.path.join(folder, "repro.py")], folder)
+    assert r.returncode != 0 and "AccuracyError: Dynamo failed" in r.stderr
