@@ -186,6 +186,8 @@ def _buckets(rows: list[dict]) -> list[dict]:
                 isinstance(v, int) and v >= 0 for v in g["values"]) or len(g["values"]) < 2:
             continue
         b = buckets.suggest(g["values"])
+        if b.sizes == tuple(sorted(set(g["values"]))):
+            continue        # the sizes seen are already the best buckets: nothing to change
         out.append({"op": g["op"], "arguments": g["arguments"], "part": g["part"],
                     **b.as_dict(), "line": b.line(g["part"])})
     return out
