@@ -335,6 +335,40 @@ def linear_backward(x, grad_output, weight, output_mask, dtype=None):
     return dx, dw, db
 
 
+# ------------------------------------------------------------------------------------------
+# paged decode attention (rbln_custom_ops::paged_causal_attn_decode)
+
+def paged_causal_attn_decode(q, k, v, kv_cache, seq, scale, block_table):
+    """One decode step of causal attention over a paged KV cache: the NPU's paged attention
+    kernel. ``q`` ``[B, H, D]`` (one new token per sequence), ``k``/``v`` ``[B, Hkv, D]``;
+    ``kv_cache`` ``[blocks, block_size, Hkv, 2 * D]`` (token-major pages, each token's keys then
+    its values: vLLM's layout); ``seq[b]`` the new token's position (the tokens already cached),
+    ``block_table[b]`` the pages of sequence ``b``. Writes the new keys and values at their
+    positions, then attends each query to its sequence's keys ``0 .. seq[b]`` (GQA: query head
+    ``h`` reads KV head ``h // (H / Hkv)``). Returns ``[B, H, D]``.
+
+    The pages a batch reads are gathered whole, and the host's fused attention kernel (PyTorch's
+    CPU flash attention) runs on them in the operands' dtype, as the NPU's attention unit does:
+    both matmuls accumulate in fp32, the softmax is fp32, and its weights enter the second matmul
+    in the operands' dtype; one rounding of the output."""
+    B, H, D = q.shape
+    hk = k.shape[1]
+    bs = kv_cache.shape[1]
+    pos = seq.to(torch.int64)
+    table = block_table.to(torch.int64)
+    rows = kv_cache.view(-1, hk, 2 * D)
+    new = table.gather(1, (pos // bs).unsqueeze(1)).squeeze(1) * bs + pos % bs
+    rows.index_copy_(0, new, torch.cat([k, v], -1))
+    pages = (int(pos.max()) // bs + 1) if B else 1
+    S = pages * bs
+    ctx = kv_cache.index_select(0, table[:, :pages].reshape(-1)).view(B, S, hk, 2 * D)
+    mask = torch.zeros(B, 1, 1, S, dtype=q.dtype).masked_fill_(
+        (torch.arange(S).unsqueeze(0) > pos.unsqueeze(1))[:, None, None], -math.inf)
+    out, _ = _flash_cpu(q.unsqueeze(2), ctx[..., :D].transpose(1, 2), ctx[..., D:].transpose(1, 2),
+                        0.0, False, attn_mask=mask, scale=scale)
+    return out.view(B, H, D)
+
+
 # custom bodies whose only heavy steps are matmuls: they take the matrix units' choice
 # (:func:`widens`) instead of computing every step in fp32
 _MATMUL_BODIES = frozenset({"linear_backward"})
