@@ -24,7 +24,8 @@ the same 16 prompts (their prefill and first sample; median of 3); engine start 
 ``LLM(...)``; peak RSS is VmHWM of the engine process plus its worker processes. Prefix caching
 is off (every generate computes the same work) and the engine core runs in the calling process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); each process gets ``--threads`` intra-op threads. The
-CPU platform runs without torch_rbln loaded (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
+CPU platform runs without torch_rbln loaded (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) and without
+thread pinning (``VLLM_CPU_OMP_THREADS_BIND=nobind``, as rbln's workers run).
 
 Token ids: each rbln engine's greedy sequences (with top-5 log-probabilities, a separate
 generate after the timed ones) against vLLM CPU's in the same mode, by the rule of vLLM's
@@ -108,16 +109,41 @@ def prompts() -> list[dict]:
 # ------------------------------------------------------------------------------------------
 # the decode-step breakdown: markers around vLLM's own methods, in each worker
 
+def _state():
+    """Thread CPU time per phase, exclusive of the phases inside it (on a shared machine the
+    wall times of a profile include the time other processes took; this does not). Kept in a
+    module of its own: the functions the workers run arrive pickled by value, each call with
+    globals of its own."""
+    import types
+    st = sys.modules.get("_bench_vllm_cpu")
+    if st is None:
+        st = sys.modules["_bench_vllm_cpu"] = types.ModuleType("_bench_vllm_cpu")
+        st.cpu, st.stack = {}, []
+    return st
+
+
 def _wrap(owner, name: str, label: str) -> None:
     from torch.autograd.profiler import record_function
     f = getattr(owner, name, None)
     if f is None or getattr(f, "_bench_label", None):
         return
+    clock = time.thread_time_ns
+    st = _state()
+    cpu, stack = st.cpu, st.stack
 
     @functools.wraps(f)
     def marked(*args, **kwargs):
-        with record_function(MARK + label):
-            return f(*args, **kwargs)
+        frame = [clock(), 0]            # start, CPU time of the phases inside
+        stack.append(frame)
+        try:
+            with record_function(MARK + label):
+                return f(*args, **kwargs)
+        finally:
+            stack.pop()
+            spent = clock() - frame[0]
+            cpu[label] = cpu.get(label, 0) + spent - frame[1]
+            if stack:
+                stack[-1][1] += spent
     marked._bench_label = label
     setattr(owner, name, marked)
 
@@ -157,6 +183,7 @@ def profile_start(worker) -> None:
     if hasattr(torch, "rbln"):
         acts.append(ProfilerActivity.PrivateUse1)
     worker._bench_prof = profile(activities=acts)
+    _state().cpu.clear()
     worker._bench_prof.__enter__()
 
 
@@ -164,6 +191,7 @@ def profile_stop(worker, ops: int = 0) -> dict:
     prof = worker._bench_prof
     prof.__exit__(None, None, None)
     out = summarize(prof.events())
+    out["cpu"] = {k: v / 1e6 for k, v in _state().cpu.items()}
     if ops:
         out["ops"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=ops)
     return out
@@ -233,6 +261,15 @@ def summarize(events) -> dict:
     return out
 
 
+def _wrap_call(fn, label: str):
+    class Holder:
+        pass
+    h = Holder()
+    h.fn = fn
+    _wrap(h, "fn", label)
+    return h.fn
+
+
 def breakdown(llm, ops: int = 0) -> dict:
     """Per decode step at batch 16: the engine's wall per step and each worker's phases."""
     from vllm import SamplingParams
@@ -244,13 +281,13 @@ def breakdown(llm, ops: int = 0) -> dict:
         eng.add_request(f"profile-{i}", p, sp)
     for _ in range(4):              # the prefill and the first decode steps
         eng.step()
-    from torch.autograd.profiler import record_function
     in_process = not hasattr(eng.engine_core.engine_core.model_executor, "workers")
     llm.collective_rpc(profile_start)
+    _state().cpu.clear()
     t0 = time.perf_counter()
+    step = _wrap_call(eng.step, "engine")
     for _ in range(PROFILE_STEPS):
-        with record_function(MARK + "engine"):
-            eng.step()
+        step()
     wall = time.perf_counter() - t0
     ranks = llm.collective_rpc(profile_stop, kwargs={"ops": ops})
     while eng.has_unfinished_requests():
@@ -260,12 +297,12 @@ def breakdown(llm, ops: int = 0) -> dict:
         if "ops" in r:
             out.setdefault("ops", []).append(r.pop("ops"))
         n = max(r.pop("forwards"), 1)
+        cpu = r.pop("cpu")
+        if not in_process:      # the engine ran here (its CPU time), its workers elsewhere
+            cpu["engine"] = _state().cpu.get("engine", 0) / 1e6
+            r.pop("engine", None)
         per = {k: v / n for k, v in r.items()}
-        if not in_process:
-            # the engine runs in this process, each worker in its own: the engine's share is
-            # the step's wall less the worker's busy time
-            per["engine"] = out["step_ms"] - sum(v for k, v in per.items()
-                                                 if not k.startswith("model: "))
+        per["cpu"] = {k: v / n for k, v in cpu.items()}
         out["ranks"].append(per)
     return out
 
@@ -334,7 +371,10 @@ def child_env(name: str, threads: int) -> dict:
                TOKENIZERS_PARALLELISM="false", VLLM_LOGGING_LEVEL="WARNING",
                OMP_WAIT_POLICY="PASSIVE")
     if e["device"] == "cpu":
-        env.update(VLLM_TARGET_DEVICE="cpu", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        # no thread pinning (rbln's workers are not pinned either; vLLM's automatic binding
+        # wants a NUMA node per tensor-parallel worker)
+        env.update(VLLM_TARGET_DEVICE="cpu", TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+                   VLLM_CPU_OMP_THREADS_BIND="nobind")
     elif e["tp"] > 1:
         env["TORCH_RBLN_VIRTUAL_NPUS"] = str(TP_NPUS)
     return env
@@ -435,22 +475,32 @@ def print_breakdown(names: list[str], run: dict) -> None:
             cols.append((label, rank, r["breakdown"]["step_ms"]))
     if not cols:
         return
-    print(f"\nper decode step, batch {BATCH} (ms; torch.profiler over {PROFILE_STEPS} steps, "
-          "each phase exclusive of the phases inside it):\n")
+    print(f"\nper decode step, batch {BATCH}, ms: wall from torch.profiler (CPU time of the "
+          f"thread in parentheses), {PROFILE_STEPS} steps, each phase exclusive of the phases "
+          "inside it:\n")
     print("| phase | " + " | ".join(c[0] for c in cols) + " |")
     print("|---|" + "---|" * len(cols))
-    keys = list(PHASES) + sorted({k for _, r, _ in cols for k in r} - set(PHASES)
-                                 - {"model: device programs", "model: host ops"})
+    subs = {"model: device programs", "model: host ops"}
+    keys = list(PHASES) + sorted({k for _, r, _ in cols for k in r} - set(PHASES) - subs
+                                 - {"cpu"})
+
+    def cell(r, k):
+        wall, cpu = r.get(k), r.get("cpu", {}).get(k)
+        if wall is None and cpu is None:
+            return "-"
+        return f"{wall or 0.0:.2f}" + (f" ({cpu:.2f})" if cpu is not None else "")
+
     for k in keys:
-        if not any(k in r for _, r, _ in cols):
+        if not any(k in r or k in r.get("cpu", {}) for _, r, _ in cols):
             continue
-        print(f"| {k} | " + " | ".join(f"{r.get(k, 0.0):.2f}" for _, r, _ in cols) + " |")
+        print(f"| {k} | " + " | ".join(cell(r, k) for _, r, _ in cols) + " |")
         if k == "model":
-            for sub in ("model: device programs", "model: host ops"):
+            for sub in sorted(subs):
                 if any(r.get(sub) for _, r, _ in cols):
                     print(f"| &nbsp; of which {sub[7:]} | " + " | ".join(
                         f"{r.get(sub, 0.0):.2f}" for _, r, _ in cols) + " |")
-    print("| step wall (engine) | " + " | ".join(f"{s:.2f}" for _, _, s in cols) + " |")
+    print("| step (engine wall; sum of CPU) | " + " | ".join(
+        f"{s:.2f} ({sum(r.get('cpu', {}).values()):.2f})" for _, r, s in cols) + " |")
 
 
 def header(opts) -> str:

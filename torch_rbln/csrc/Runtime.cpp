@@ -184,6 +184,11 @@ void bind_runtime(py::module_& m) {
     s->device_read();
     return s->device_input_widened(t);
   });
+  m.def("device_input_packed", [](const at::Tensor& t) {
+    auto* s = state_of(t);
+    s->device_read();
+    return s->device_input_packed(t);
+  });
   m.def("host_output", [](const at::Tensor& t) {
     auto* s = state_of(t);
     s->host_write(covers(t, *s));

@@ -35,8 +35,8 @@ from .. import events
 from ..dispatch import compiler_optable, rules
 from ..runtime import caches, devices
 from . import programs, split
-from .rewrite import (compilable, fp32_matmuls, to_cpu_devices, use_custom_kernels,
-                      widen_cuda_dtypes, widened_inputs)
+from .rewrite import (compilable, fp32_matmuls, packed_inputs, to_cpu_devices,
+                      use_custom_kernels, widen_cuda_dtypes, widened_inputs)
 from .runners import DevicePartition, EagerCall, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
@@ -133,10 +133,11 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode, device_side: bo
                if isinstance(v, torch.Tensor) else v for v in fakes]
     gm = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))   # compile_fx may mutate its graph
     to_cpu_devices(gm)
-    widened = frozenset()
+    widened = packed = frozenset()
     if device_side:
         fp32_matmuls(gm)
         widened = widened_inputs(gm)
+        packed = packed_inputs(gm)
     if widened:
         with fake_mode:
             cpu = [v.float() if i in widened else v for i, v in enumerate(cpu)]
@@ -150,7 +151,7 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode, device_side: bo
     def run(*args):
         out = fn(*args)
         return out if isinstance(out, (tuple, list)) else (out,)
-    return run, widened
+    return run, widened, packed
 
 
 def _output_values(gm: torch.fx.GraphModule) -> tuple:

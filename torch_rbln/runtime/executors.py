@@ -11,7 +11,8 @@ to the output dtype once, at the op boundary. The forms:
 * ``matmul``  the matrix units: ``direct`` where this CPU has native half-precision GEMM kernels
   (AVX512-FP16 / AMX for fp16, AVX512-BF16 / AMX for bf16: fp32 accumulation, one rounding),
   ``fp32`` elsewhere (without them PyTorch's half-precision GEMM is many times slower than
-  widening). :func:`matmul_precision` makes the choice once per process; graph programs make
+  widening); a native-dtype ``linear`` takes its weight in the GEMM library's blocked layout,
+  kept per weight (:func:`packed_dtypes`). :func:`matmul_precision` makes the choice once per process; graph programs make
   the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it.
 * custom      programs whose body is written out here (attention, ``linear_backward``): each
   step in fp32 (float64 in float64, as on the CPU), one rounding per output.
@@ -461,13 +462,44 @@ def widens(dtype, rows: int | None) -> bool:
             and (rows is None or rows >= WIDEN_MIN_ROWS))
 
 
+@lru_cache(maxsize=None)
+def packed_dtypes() -> frozenset:
+    """The dtypes whose linear programs take their weight in the host GEMM library's blocked
+    layout (PyTorch's packed linear: oneDNN's weight format, made once per weight and kept
+    until the weight is written; ``StorageState.device_input_packed`` in the native core): the
+    half-precision dtypes with native GEMMs on this CPU. The results are the plain linear's,
+    bit for bit; what changes is the time (the weight is not re-laid-out by every call), as an
+    NPU's compiler lays weights out for its matrix units once."""
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return frozenset()
+    return frozenset(matmul_precision().native)
+
+
+_packed_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+
+
+def linear_packed(x, w, b=None):
+    """``aten::linear`` with ``w`` in the GEMM library's layout (or plain: computed as it is)."""
+    if w.is_mkldnn:
+        return _packed_linear(x, w, b, "none", [], "")
+    return torch.ops.aten.linear.default(x, w, b)
+
+
+linear_packed.packed = True
+
+
 def matmul(fn, out_meta):
     shape, dtype = (out_meta[0], out_meta[1]) if (
         isinstance(out_meta, tuple) and len(out_meta) == 3) else ((), None)
     rows = math.prod(shape[:-1]) if shape else None
     if rows is not None and fn is torch.ops.aten.bmm.default:
         rows //= max(shape[0], 1)           # per batch entry: each GEMM is one matrix
-    return fp32(fn, out_meta) if widens(dtype, rows) else direct(fn, out_meta)
+    if widens(dtype, rows):
+        return fp32(fn, out_meta)
+    if fn is torch.ops.aten.linear.default and dtype in packed_dtypes():
+        return linear_packed
+    return direct(fn, out_meta)
 
 
 def build(kernel: str, fn, out_meta):
