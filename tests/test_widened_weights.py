@@ -184,3 +184,87 @@ def test_a_weight_read_in_forward_and_backward_is_widened_once_per_step():
     the second read: that counts as read again, so every step keeps its first widening."""
     r = run_json(_STEPS, env={"TORCH_RBLN_MATMUL_PRECISION": "widen"})
     assert r["kept"][1:] == [128 * 64 * 4] * 4, r
+
+
+# ------------------------------------------------------------------------------------------
+# packed weights: where the host has native half-precision GEMMs, a linear program takes its
+# weight in the GEMM library's blocked layout, kept the same way (executors.packed_dtypes)
+
+_PACKED = """
+import torch
+import torch.nn.functional as F
+from torch_rbln.runtime import executors
+from torch_rbln.runtime.storage import state_of
+
+B = torch.bfloat16
+torch.manual_seed(0)
+x = torch.randn(16, 64, dtype=B)
+w_cpu = (torch.randn(64, 64) * 0.1).to(B)
+x_d = x.to("rbln")
+H = B
+""" + _SCRIPT[_SCRIPT.index("def write("):_SCRIPT.index("out = {}")] + """
+out = {"packs": B in executors.packed_dtypes()}
+for route in ROUTES:
+    p = torch.nn.Parameter(w_cpu.clone().to("rbln"))
+    w = p.data if route not in ("no_grad_update", "optimizer_step", "set_data") else p
+    for _ in range(3):
+        F.linear(x_d, w.detach())
+    kept = state_of(w.detach()).packed_bytes
+    write(route, w, p)
+    w_now = p.detach()
+    dropped = state_of(w_now).packed_bytes == 0
+    y = F.linear(x_d, w_now).cpu()
+    again = F.linear(x_d, w_now).cpu()     # from the newly kept form
+    expect = F.linear(x, w_now.cpu())      # the plain bf16 linear on the CPU, bit for bit
+    out[route] = {"kept": kept, "dropped": dropped,
+                  "changed": not torch.equal(w_now.cpu(), w_cpu),
+                  "equal": torch.equal(y, expect) and torch.equal(again, expect)}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def packed_routes():
+    r = run_json(f"ROUTES = {ROUTES!r}\n" + _PACKED,
+                 env={"TORCH_RBLN_MATMUL_PRECISION": "native"})
+    if not r["packs"]:
+        pytest.skip("PyTorch's packed linear has no bf16 kernel on this host")
+    return r
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_write_drops_the_packed_form_before_the_next_read(packed_routes, route):
+    r = packed_routes[route]
+    assert r["kept"] > 0, "a weight read by linear programs should keep its packed form"
+    assert r["changed"], "the write must change the weight, or the test proves nothing"
+    assert r["dropped"], "the write must drop the packed form"
+    assert r["equal"], r
+
+
+def test_graph_partitions_take_packed_weights():
+    r = run_json("""
+        import torch, torch.nn.functional as F
+        from torch_rbln.runtime import executors
+        from torch_rbln.runtime.storage import state_of
+        from torch.profiler import profile, ProfilerActivity
+        B = torch.bfloat16
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(64, 128).to(B)
+        x = torch.randn(16, 64, dtype=B)
+        dev = torch.nn.Linear(64, 128).to(B).to("rbln")
+        dev.load_state_dict(lin.state_dict())
+        f = torch.compile(lambda t: F.silu(dev(t)), backend="rbln")
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            y = f(x.to("rbln"))
+            y2 = f(x.to("rbln"))
+        ops = {e.key for e in prof.key_averages()}
+        print(json.dumps({"packs": B in executors.packed_dtypes(),
+                          "equal": (torch.equal(y.cpu(), F.silu(lin(x)))
+                                    and torch.equal(y2.cpu(), y.cpu())),
+                          "packed_op": "torch_rbln::packed_linear" in ops,
+                          "kept": state_of(dev.weight.detach()).packed_bytes}))
+    """, env={"TORCH_RBLN_MATMUL_PRECISION": "native"})
+    if not r["packs"]:
+        pytest.skip("PyTorch's packed linear has no bf16 kernel on this host")
+    assert r == {"packs": True, "equal": True, "packed_op": True, "kept": r["kept"]}, r
+    assert r["kept"] > 0, r

@@ -11,11 +11,14 @@ to the output dtype once, at the op boundary. The forms:
 * ``matmul``  the matrix units: ``direct`` where this CPU has native half-precision GEMM kernels
   (AVX512-FP16 / AMX for fp16, AVX512-BF16 / AMX for bf16: fp32 accumulation, one rounding),
   ``fp32`` elsewhere (without them PyTorch's half-precision GEMM is many times slower than
-  widening); a native-dtype ``linear`` takes its weight in the GEMM library's blocked layout,
-  kept per weight (:func:`packed_dtypes`). :func:`matmul_precision` makes the choice once per process; graph programs make
-  the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it.
+  widening). :func:`matmul_precision` makes the choice once per process; graph programs make
+  the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it. A
+  native-dtype ``linear`` takes its weight in the GEMM library's blocked layout, kept per
+  weight (:func:`packed_dtypes`).
 * custom      programs whose body is written out here (attention, ``linear_backward``): each
-  step in fp32 (float64 in float64, as on the CPU), one rounding per output.
+  step in fp32 (float64 in float64, as on the CPU), one rounding per output; the paged decode
+  attention kernel (:func:`paged_causal_attn_decode`) feeds the matrix units as the NPU's
+  attention unit does.
 
 The widening forms (``fp32``, a widened ``matmul``, custom bodies) mark their run callable
 ``widened``: the eager kernel then hands them their half-precision operands already in fp32,
@@ -339,14 +342,32 @@ def linear_backward(x, grad_output, weight, output_mask, dtype=None):
 # ------------------------------------------------------------------------------------------
 # paged decode attention (rbln_custom_ops::paged_causal_attn_decode)
 
-def paged_causal_attn_decode(q, k, v, kv_cache, seq, scale, block_table):
+def paged_decode_plan(seq, block_table, block_size: int, dtype):
+    """What a paged decode step reads and writes, from its positions and block table alone
+    (every layer of a step shares it): each new token's slot ``[B]``, the pages to read
+    ``[B * pages]`` (enough for the longest sequence), and the additive mask ``[B, 1, 1, S]``
+    that hides each sequence's keys past its position."""
+    B = seq.shape[0]
+    pos = seq.to(torch.int64)
+    table = block_table.to(torch.int64)
+    new = table.gather(1, (pos // block_size).unsqueeze(1)).squeeze(1) * block_size \
+        + pos % block_size
+    pages = (int(pos.max()) // block_size + 1) if B else 1
+    S = pages * block_size
+    mask = torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill_(
+        (torch.arange(S).unsqueeze(0) > pos.unsqueeze(1))[:, None, None], -math.inf)
+    return new, table[:, :pages].reshape(-1), mask
+
+
+def paged_causal_attn_decode(q, k, v, kv_cache, seq, scale, block_table, plan=None):
     """One decode step of causal attention over a paged KV cache: the NPU's paged attention
     kernel. ``q`` ``[B, H, D]`` (one new token per sequence), ``k``/``v`` ``[B, Hkv, D]``;
     ``kv_cache`` ``[blocks, block_size, Hkv, 2 * D]`` (token-major pages, each token's keys then
     its values: vLLM's layout); ``seq[b]`` the new token's position (the tokens already cached),
     ``block_table[b]`` the pages of sequence ``b``. Writes the new keys and values at their
     positions, then attends each query to its sequence's keys ``0 .. seq[b]`` (GQA: query head
-    ``h`` reads KV head ``h // (H / Hkv)``). Returns ``[B, H, D]``.
+    ``h`` reads KV head ``h // (H / Hkv)``). Returns ``[B, H, D]``. ``plan``: the step's
+    :func:`paged_decode_plan`, when the caller kept it.
 
     The pages a batch reads are gathered whole, and the host's fused attention kernel (PyTorch's
     CPU flash attention) runs on them in the operands' dtype, as the NPU's attention unit does:
@@ -354,17 +375,10 @@ def paged_causal_attn_decode(q, k, v, kv_cache, seq, scale, block_table):
     in the operands' dtype; one rounding of the output."""
     B, H, D = q.shape
     hk = k.shape[1]
-    bs = kv_cache.shape[1]
-    pos = seq.to(torch.int64)
-    table = block_table.to(torch.int64)
-    rows = kv_cache.view(-1, hk, 2 * D)
-    new = table.gather(1, (pos // bs).unsqueeze(1)).squeeze(1) * bs + pos % bs
-    rows.index_copy_(0, new, torch.cat([k, v], -1))
-    pages = (int(pos.max()) // bs + 1) if B else 1
-    S = pages * bs
-    ctx = kv_cache.index_select(0, table[:, :pages].reshape(-1)).view(B, S, hk, 2 * D)
-    mask = torch.zeros(B, 1, 1, S, dtype=q.dtype).masked_fill_(
-        (torch.arange(S).unsqueeze(0) > pos.unsqueeze(1))[:, None, None], -math.inf)
+    new, pages, mask = plan or paged_decode_plan(seq, block_table, kv_cache.shape[1], q.dtype)
+    kv_cache.view(-1, hk, 2 * D).index_copy_(0, new, torch.cat([k, v], -1))
+    S = mask.shape[-1]
+    ctx = kv_cache.index_select(0, pages).view(B, S, hk, 2 * D)
     out, _ = _flash_cpu(q.unsqueeze(2), ctx[..., :D].transpose(1, 2), ctx[..., D:].transpose(1, 2),
                         0.0, False, attn_mask=mask, scale=scale)
     return out.view(B, H, D)
@@ -473,7 +487,9 @@ def packed_dtypes() -> frozenset:
     if not (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return frozenset()
-    return frozenset(matmul_precision().native)
+    mkldnn = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+              torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+    return frozenset(d for d in matmul_precision().native if mkldnn[d])
 
 
 _packed_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)

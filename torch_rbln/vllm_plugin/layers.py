@@ -13,7 +13,10 @@ two multiplications and an addition over whole heads (device ops) and a ``cat`` 
 (the copy engine). Each half of ``out`` is ``x1 * cos + x2 * -sin`` and ``x2 * cos + x1 * sin``:
 the products and sums vLLM computes, rounded the same way (negating ``sin`` is exact), so the
 result is vLLM's bit for bit. The two full-width tables (``cos`` and the signed ``sin``) are
-made once per layer, device and dtype, from vLLM's own ``cos_sin_cache``. Partial rotary
+made once per device and dtype from vLLM's own ``cos_sin_cache``, and their rows for a step's
+positions are looked up once per forward (all layers share the module and the positions).
+Where the keys follow the queries in each row of one buffer (the fused q/k/v projection's
+output, split), queries and keys are rotated together, as one tensor. Partial rotary
 dimensions and GPT-J-style (interleaved) rotation, and rotary classes with a ``forward_native``
 of their own, keep vLLM's version.
 """
@@ -35,13 +38,34 @@ def _tables(rope, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return tables
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tokens: int,
-            head_size: int) -> torch.Tensor:
-    shape = x.shape
-    x = x.view(tokens, -1, head_size)
+def _step_tables(rope, positions: torch.Tensor, query: torch.Tensor):
+    """The tables' rows for ``positions``, ``[tokens, 1, head_size]`` each: looked up once per
+    forward (every layer shares one rotary module and gets the same ``positions`` tensor)."""
+    last = getattr(rope, "_rbln_step", None)
+    if last is not None and last[0] is positions and last[1] == (query.device, query.dtype):
+        return last[2], last[3]
+    cos, sin = _tables(rope, query)
+    flat = positions.flatten()
+    rows = (cos.index_select(0, flat).unsqueeze(-2), sin.index_select(0, flat).unsqueeze(-2))
+    rope._rbln_step = (positions, (query.device, query.dtype), *rows)
+    return rows
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int):
+    """``x`` ``[tokens, heads, head_size]`` rotated: ``x * cos + [x2, x1] * sin``."""
     half = head_size // 2
     swapped = torch.cat((x[..., half:], x[..., :half]), -1)
-    return (x * cos + swapped * sin).view(shape)
+    return x * cos + swapped * sin
+
+
+def _adjacent(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """``key`` follows ``query`` in each row of one buffer (vLLM's fused q/k/v projection
+    output, split): both can be rotated as one tensor."""
+    return (query.dim() == 2 and key.dim() == 2 and query.shape[0] == key.shape[0]
+            and query.stride() == key.stride() and query.stride(1) == 1
+            and query.dtype == key.dtype
+            and key.untyped_storage().data_ptr() == query.untyped_storage().data_ptr()
+            and key.storage_offset() == query.storage_offset() + query.shape[1])
 
 
 def rope_forward_oot(self, positions: torch.Tensor, query: torch.Tensor,
@@ -51,15 +75,24 @@ def rope_forward_oot(self, positions: torch.Tensor, query: torch.Tensor,
     if (not self.is_neox_style or self.rotary_dim != self.head_size
             or type(self).forward_native is not RotaryEmbedding.forward_native):
         return self.forward_native(positions, query, key)
-    cos, sin = _tables(self, query)
-    positions = positions.flatten()
-    cos = cos.index_select(0, positions).unsqueeze(-2)      # [tokens, 1, head_size]
-    sin = sin.index_select(0, positions).unsqueeze(-2)
-    n = positions.shape[0]
-    query = _rotate(query, cos, sin, n, self.head_size)
+    eager = not torch.compiler.is_compiling()      # a traced graph keeps no state, reads no
+    if eager:                                       # pointers: its compiler does the rest
+        cos, sin = _step_tables(self, positions, query)
+    else:
+        half = self.cos_sin_cache.index_select(0, positions.flatten()).to(query.dtype)
+        cos, sin = half.chunk(2, dim=-1)
+        cos, sin = torch.cat((cos, cos), -1).unsqueeze(-2), torch.cat((-sin, sin), -1).unsqueeze(-2)
+    n, d = cos.shape[0], self.head_size
+    if eager and key is not None and _adjacent(query, key):
+        # one rotation for both: the rows of q and k side by side, as the projection wrote them
+        width = query.shape[1] + key.shape[1]
+        both = query.as_strided((n, width // d, d), (query.stride(0), d, 1))
+        out = _rotate(both, cos, sin, d).view(n, width)
+        return out[:, :query.shape[1]], out[:, query.shape[1]:]
+    q = _rotate(query.view(n, -1, d), cos, sin, d).view(query.shape)
     if key is not None:
-        key = _rotate(key, cos, sin, n, self.head_size)
-    return query, key
+        key = _rotate(key.view(n, -1, d), cos, sin, d).view(key.shape)
+    return q, key
 
 
 def install() -> None:
