@@ -39,7 +39,11 @@ sample_tokens, attention metadata, the model forward and LM head, the attention 
 sampler, the tensor-parallel communicator), each counted exclusive of the ranges nested in it;
 host<->device copies (the profiler's rbln copy slices) are taken out of the range they ran in.
 Inside the model: device programs (rbln's program slices), host ops (CPU fallbacks: the ops the
-NPU runs on the host), and the rest (dispatch).
+NPU runs on the host), and the rest (dispatch). Next to each phase's wall time, the CPU time
+its thread spent in it (``time.thread_time``): on a shared machine a wall time includes what
+other processes took, the CPU time does not. With tensor parallelism the engine runs in this
+process and its workers in theirs: the engine's row is its CPU time. ``--ops N`` adds each
+worker's N costliest ops of the profiled steps.
 """
 
 from __future__ import annotations
