@@ -356,6 +356,10 @@ def scenario_ops() -> None:
     result["mismatch"] = check_mismatches()
     result["committed"] = __import__("torch_rbln.runtime.devices", fromlist=["x"]).is_committed()
     result["backend"] = dist.get_backend()
+    # every rank on this host: the group's collectives move through a shared memory segment
+    # (distributed/shm.py), mapped here and unlinked once every rank mapped it
+    with open("/proc/self/maps") as f:
+        result["shm_mapped"] = any("/rbln_ccl_" in line for line in f)
     if os.environ.get("DIST_DDP"):
         check_ddp(gloo)
     write()

@@ -248,6 +248,9 @@ def _check_ops_reports(reports, world: int, states, dtypes) -> None:
             assert c["states"] == [expect], c
         assert rep["views"] == {"float16": True, "float32": True}
         assert rep["backend"] == "rbln-ccl" and rep["committed"]
+        # the ranks share one host: the results above came through shared memory, equal to
+        # gloo's bit for bit
+        assert rep["shm_mapped"]
         # explain: device-latest fp16 data never leaves the device; bf16 is staged
         ex = rep["explain"]
         dev, host = ex["device"], ex["host"]

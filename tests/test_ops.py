@@ -390,6 +390,27 @@ def test_nan_scan_finds_every_nonfinite_value_wherever_it_is(dtype):
                     assert has_nonfinite(d[::2]) == (bad is not None and pos % 2 == 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_nan_scan_of_views_with_a_dense_last_dim(dtype):
+    """Slices of the last axis (the halves of a head), row ranges and transposed batches read
+    their rows of memory one run at a time: a bad value counts exactly when the view holds it,
+    however it sits in the storage."""
+    from torch_rbln.dispatch.rules import has_nonfinite
+    views = {"last-axis slice": lambda t: t[..., 3:],
+             "rows": lambda t: t[:, 1:4],
+             "transposed": lambda t: t.transpose(0, 1),
+             "both": lambda t: t.transpose(0, 1)[1:, :, :-2]}
+    for n in (2, 9, 40):
+        idx = torch.arange(4 * 5 * n).view(4, 5, n)
+        for flat in sorted({0, 7, 4 * 5 * n // 2, 4 * 5 * n - 1}):
+            x = torch.zeros(4 * 5 * n, dtype=dtype)
+            x[flat] = float("nan")
+            d = x.view(4, 5, n).to("rbln")
+            for name, view in views.items():
+                holds = bool((view(idx) == flat).any())
+                assert has_nonfinite(view(d)) == holds, (n, flat, name)
+
+
 def test_dev_disable_checks_warns_once_and_is_read_live(monkeypatch):
     import torch_rbln.dispatch.checks as checks
     monkeypatch.setattr(checks, "_warned_dev", False)

@@ -65,6 +65,23 @@ def test_device_time_per_op_and_none_for_a_cpu_fallback(models):
     assert ranked[0].self_device_time_total > 0 and "linear" in ranked[0].key
 
 
+def test_a_replayed_cpu_fallback_stays_native_under_the_profiler():
+    """A warm CPU fallback the native core replays is not sent back to Python by a profile: the
+    profile sees the same run (its range, named with the reason, and the host op inside it)
+    that an unprofiled call makes."""
+    a = torch.ones(64, dtype=torch.float32, device="rbln")
+    for _ in range(3):
+        a + a                                   # the decision is replayed from now on
+    replayed = _C.warm_path_replayed()
+    with profile(activities=ACTIVITIES) as p:
+        b = a + a
+    assert _C.warm_path_replayed() == replayed + 1
+    torch.testing.assert_close(b.cpu(), torch.full((64,), 2.0))
+    rows = {e.key: e for e in p.key_averages()}
+    assert rows["rbln::cpu_fallback(dtype-not-fp16)"].count == 1
+    assert rows["aten::add"].device_time_total == 0
+
+
 def test_chrome_trace_has_the_npu_row_slices_flows_and_memory(models, tmp_path):
     _, dev = models
     x = torch.randn(16, 64, dtype=FP16)

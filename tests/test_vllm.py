@@ -163,13 +163,61 @@ def test_offline_greedy_tokens_equal_vllm_cpu(offline, engine, reference, case):
 @needs_vllm
 def test_decode_step_attention_runs_on_the_device(offline):
     ops = offline["rbln"]["llama.ops"]
-    sdpa = "aten::_scaled_dot_product_fused_attention_overrideable"
+    paged = "rbln_custom_ops::paged_causal_attn_decode"
     on_device = {op: n - ops["cpu_fallback"].get(op, 0) for op, n in ops["dispatch"].items()}
-    assert on_device.get(sdpa) == 2, ops            # one per layer, the whole batch at once
+    # the NPU's paged decode kernel: one program per layer for the whole batch, cache write
+    # included; no SDPA batch in a decode step
+    assert on_device.get(paged) == 2, ops
+    assert "aten::_scaled_dot_product_fused_attention_overrideable" not in ops["dispatch"], ops
     assert on_device.get("aten::linear", 0) > 0, ops
-    # what falls back in a decode step is what the eager Llama shows (the fp32 RMSNorm chain,
-    # RoPE on half a 64-wide head); attention is not among it
-    assert set(ops["cpu_fallback_reason"]) <= {"dtype-not-fp16", "last-dim-not-64-aligned"}, ops
+    # what falls back in a decode step is the fp32 RMSNorm chain (rotary embedding runs in its
+    # full-width form on the device: vllm_plugin/layers.py); attention is not among it
+    assert set(ops["cpu_fallback_reason"]) <= {"dtype-not-fp16"}, ops
+
+
+_ROPE = """
+import json, torch
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from torch_rbln.vllm_plugin import layers
+
+out = {}
+with set_current_vllm_config(VllmConfig()):
+    for kind, params in (("default", {"rope_type": "default", "rope_theta": 10000.0}),
+                         ("llama3", {"rope_type": "llama3", "rope_theta": 500000.0,
+                                     "factor": 32.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 8192})):
+        for dtype in (torch.float16, torch.bfloat16):
+            rope = get_rope(64, max_position=2048, is_neox_style=True, rope_parameters=params,
+                            dtype=dtype)
+            dev = get_rope(64, max_position=2048, is_neox_style=True, rope_parameters=params,
+                           dtype=dtype).to("rbln")
+            torch.manual_seed(0)
+            qkv = torch.randn(7, 1024).to(dtype)
+            pos = torch.randint(0, 2048, (7,))
+            q, k = qkv[:, :512], qkv[:, 512:768]             # split q/k/v: rotated together
+            want = rope.forward_native(pos, q, k)
+            dqkv = qkv.to("rbln")
+            got = layers.rope_forward_oot(dev, pos.to("rbln"), dqkv[:, :512], dqkv[:, 512:768])
+            sep = layers.rope_forward_oot(dev, pos.to("rbln"), q.clone().to("rbln"),
+                                          k.clone().to("rbln"))
+            alone = layers.rope_forward_oot(dev, pos.to("rbln"), q.clone().to("rbln"), None)
+            out[f"{kind} {dtype}"] = [torch.equal(a.cpu(), b) for a, b in
+                                      ((got[0], want[0]), (got[1], want[1]), (sep[0], want[0]),
+                                       (sep[1], want[1]), (alone[0], want[0]))]
+print(json.dumps(out))
+"""
+
+
+@needs_vllm
+def test_rotary_embedding_in_the_npu_form_gives_vllm_bits():
+    # layers.py: x * [cos, cos] + [x2, x1] * [-sin, sin] rounds as vLLM's native version does
+    r = subprocess.run([sys.executable, "-c", _ROPE], env=_env("rbln"), capture_output=True,
+                       text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(got) == 4 and all(v == [True] * 5 for v in got.values()), got
 
 
 @needs_vllm

@@ -20,18 +20,16 @@ ROUTES = ("inplace_op", "copy_", "out=", "view_fill", "strided_view_op", "no_gra
           "optimizer_step", "cpu_fallback_op", "masked_fill_", "index_copy_", "non_blocking_copy",
           "set_data")
 
+# the loop below, for a kept form (KEPT: its StateHandle property) of the weight that READ
+# reads, its result compared with REF on the CPU; H, ROWS and EXTRA (more of the report) too
 _SCRIPT = """
 import torch
 from torch_rbln.runtime.storage import state_of
 
 torch.manual_seed(0)
-H = torch.float16
-x = torch.randn(128, 64, dtype=H)
+x = torch.randn(ROWS, 64, dtype=H)
 w_cpu = (torch.randn(64, 64) * 0.1).to(H)
 x_d = x.to("rbln")
-
-def ref(w):                      # NPU numerics: fp32 GEMM, one rounding
-    return (x.float() @ w.float()).to(H)
 
 def write(route, w, p=None):
     if route == "inplace_op":
@@ -63,19 +61,19 @@ def write(route, w, p=None):
     elif route == "set_data":
         p.data = torch.full((64, 64), 0.25, dtype=H).to(w.device)
 
-out = {}
+out = dict(EXTRA)
 for route in ROUTES:
     p = torch.nn.Parameter(w_cpu.clone().to("rbln"))
     w = p.data if route not in ("no_grad_update", "optimizer_step", "set_data") else p
-    for _ in range(3):           # read again and again: the widened form is kept
-        torch.mm(x_d, w.detach())
-    kept = state_of(w.detach()).widened_bytes
+    for _ in range(3):           # read again and again: the form is kept
+        READ(x_d, w.detach())
+    kept = getattr(state_of(w.detach()), KEPT)
     write(route, w, p)
     w_now = p.detach()
-    dropped = state_of(w_now).widened_bytes == 0
-    y = torch.mm(x_d, w_now).cpu()
-    again = torch.mm(x_d, w_now).cpu()     # from the newly kept form
-    expect = ref(w_now.cpu())              # the values the weight holds now, on the CPU
+    dropped = getattr(state_of(w_now), KEPT) == 0
+    y = READ(x_d, w_now).cpu()
+    again = READ(x_d, w_now).cpu()         # from the newly kept form
+    expect = REF(x, w_now.cpu())           # the values the weight holds now, on the CPU
     out[route] = {"kept": kept, "dropped": dropped,
                   "changed": not torch.equal(w_now.cpu(), w_cpu),
                   "err": (y.float() - expect.float()).abs().max().item(),
@@ -84,18 +82,26 @@ print(json.dumps(out))
 """
 
 
+_WIDENED = """
+H, ROWS, KEPT, EXTRA = torch.float16, 128, "widened_bytes", {}
+READ = torch.mm
+REF = lambda a, w: (a.float() @ w.float()).to(H)     # NPU numerics: fp32 GEMM, one rounding
+"""
+
+
 @pytest.fixture(scope="module")
 def routes():
-    return run_json(f"ROUTES = {ROUTES!r}\n" + _SCRIPT,
+    return run_json(f"ROUTES = {ROUTES!r}\n" + _WIDENED + _SCRIPT,
                     env={"TORCH_RBLN_MATMUL_PRECISION": "widen"})
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_a_write_drops_the_widened_form_before_the_next_read(routes, route):
-    r = routes[route]
-    assert r["kept"] > 0, "three reads of an unchanged weight should keep its widened form"
+@pytest.mark.parametrize("form", ["widened", "packed"])
+def test_a_write_drops_the_kept_form_before_the_next_read(request, form, route):
+    r = request.getfixturevalue("routes" if form == "widened" else "packed_routes")[route]
+    assert r["kept"] > 0, f"three reads of an unchanged weight should keep its {form} form"
     assert r["changed"], "the write must change the weight, or the test proves nothing"
-    assert r["dropped"], "the write must drop the widened form"
+    assert r["dropped"], f"the write must drop the {form} form"
     assert r["err"] == 0 and r["err_again"] == 0, r
 
 
@@ -184,3 +190,53 @@ def test_a_weight_read_in_forward_and_backward_is_widened_once_per_step():
     the second read: that counts as read again, so every step keeps its first widening."""
     r = run_json(_STEPS, env={"TORCH_RBLN_MATMUL_PRECISION": "widen"})
     assert r["kept"][1:] == [128 * 64 * 4] * 4, r
+
+
+# ------------------------------------------------------------------------------------------
+# packed weights: where the host has native half-precision GEMMs, a linear program takes its
+# weight in the GEMM library's blocked layout, kept the same way (executors.packed_dtypes)
+
+_PACKED = """
+from torch_rbln.runtime import executors
+H, ROWS, KEPT = torch.bfloat16, 16, "packed_bytes"
+EXTRA = {"packs": H in executors.packed_dtypes()}
+READ = REF = torch.nn.functional.linear       # the plain linear on the CPU, bit for bit
+"""
+
+
+@pytest.fixture(scope="module")
+def packed_routes():
+    r = run_json(f"ROUTES = {ROUTES!r}\n" + _PACKED + _SCRIPT,
+                 env={"TORCH_RBLN_MATMUL_PRECISION": "native"})
+    if not r["packs"]:
+        pytest.skip("PyTorch's packed linear has no bf16 kernel on this host")
+    return r
+
+
+def test_graph_partitions_take_packed_weights():
+    r = run_json("""
+        import torch, torch.nn.functional as F
+        from torch_rbln.runtime import executors
+        from torch_rbln.runtime.storage import state_of
+        from torch.profiler import profile, ProfilerActivity
+        B = torch.bfloat16
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(64, 128).to(B)
+        x = torch.randn(16, 64, dtype=B)
+        dev = torch.nn.Linear(64, 128).to(B).to("rbln")
+        dev.load_state_dict(lin.state_dict())
+        f = torch.compile(lambda t: F.silu(dev(t)), backend="rbln")
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            y = f(x.to("rbln"))
+            y2 = f(x.to("rbln"))
+        ops = {e.key for e in prof.key_averages()}
+        print(json.dumps({"packs": B in executors.packed_dtypes(),
+                          "equal": (torch.equal(y.cpu(), F.silu(lin(x)))
+                                    and torch.equal(y2.cpu(), y.cpu())),
+                          "packed_op": "torch_rbln::packed_linear" in ops,
+                          "kept": state_of(dev.weight.detach()).packed_bytes}))
+    """, env={"TORCH_RBLN_MATMUL_PRECISION": "native"})
+    if not r["packs"]:
+        pytest.skip("PyTorch's packed linear has no bf16 kernel on this host")
+    assert r == {"packs": True, "equal": True, "packed_op": True, "kept": r["kept"]}, r
+    assert r["kept"] > 0, r

@@ -25,8 +25,8 @@ def _native():
 def setup() -> None:
     from . import api, config, log, patches
     from .dispatch import (composites, copy, cuda_dtypes, data_movement, device_op, factories,
-                           fallback, fused_optimizers, layouts, nested, rnn_cells, rules,
-                           views)
+                           fallback, fused_optimizers, layouts, nested, paged_attention,
+                           rnn_cells, rules, views)
     from .runtime import devices
 
     log.setup()
@@ -45,6 +45,7 @@ def setup() -> None:
     for name, fn in device_op.kernels().items():
         aten.impl(name, fn, "PrivateUse2" if name in warm else "PrivateUse1")
     views.register()
+    paged_attention.register(_libs)
     # data movements served natively in their common case: their Python kernels take the rest
     # from PrivateUse2
     native = data_movement.register_native() | copy.register_native()

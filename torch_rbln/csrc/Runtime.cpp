@@ -176,6 +176,9 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("widened_bytes",
                              [](const StateHandle& h) { return h.state()->widened_bytes(); },
                              "bytes of the widened (fp32) forms kept for this storage's views")
+      .def_property_readonly("packed_bytes",
+                             [](const StateHandle& h) { return h.state()->packed_bytes(); },
+                             "bytes of the packed (GEMM-layout) forms kept for its weights")
       .def("device_bytes", [](StateHandle& h) { return h.state()->device_bytes(); });
 
   m.def("state_of", [](const at::Tensor& t) { return StateHandle(t); });
@@ -193,6 +196,11 @@ void bind_runtime(py::module_& m) {
     auto* s = state_of(t);
     s->device_read();
     return s->device_input_widened(t);
+  });
+  m.def("device_input_packed", [](const at::Tensor& t) {
+    auto* s = state_of(t);
+    s->device_read();
+    return s->device_input_packed(t);
   });
   m.def("host_output", [](const at::Tensor& t) {
     auto* s = state_for_write(t);

@@ -1,6 +1,7 @@
 #include "Storage.h"
 
 #include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/TensorFactories.h>
@@ -416,6 +417,7 @@ void StorageState::device_memory_changed() {
   drop_released();  // a program's output replaces the contents (adopt_device)
   device_memory_moved();
   widened_.clear();
+  packed_.clear();
 }
 
 void StorageState::device_memory_moved() {
@@ -446,6 +448,7 @@ void StorageState::contents_changed(bool whole) {
   restored_ = false;
   finite_dtype.reset();
   widened_.clear();
+  packed_.clear();
   // widened again and again before this write (a weight between optimizer steps): the next
   // contents are kept from their first widening
   reread_ = widen_reads_ >= 2;
@@ -703,6 +706,35 @@ at::Tensor StorageState::device_input_widened(const at::Tensor& t) {
     try_release_host();
   }
   return w;
+}
+
+at::Tensor StorageState::device_input_packed(const at::Tensor& t) {
+  const auto dtype = t.scalar_type();
+  const int64_t offset = t.storage_offset();
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (const auto& e : packed_) {
+    if (e.dtype == dtype && e.offset == offset && sizes.equals(e.sizes) && strides.equals(e.strides)) {
+      return e.alias;
+    }
+  }
+  static const auto reorder = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("mkldnn::_reorder_linear_weight", "")
+      .typed<at::Tensor(const at::Tensor&, std::optional<int64_t>)>();
+  at::Tensor packed = reorder.call(device_input_alias(t).contiguous(), std::nullopt);
+  if (packed_.size() >= kInputAliases) {
+    packed_.erase(packed_.begin());
+  }
+  packed_.push_back({dtype, sizes.vec(), strides.vec(), offset, packed});
+  return packed;
+}
+
+int64_t StorageState::packed_bytes() const {
+  int64_t n = 0;
+  for (const auto& e : packed_) {
+    n += static_cast<int64_t>(e.alias.numel() * e.alias.element_size());
+  }
+  return n;
 }
 
 int64_t StorageState::widened_bytes() const {

@@ -123,6 +123,12 @@ struct StorageState {
   at::Tensor device_input_widened(const at::Tensor& t);
   // widened forms kept now (a test and the memory report read it)
   int64_t widened_bytes() const;
+  // a 2-D half-precision weight `t` in the host GEMM library's own blocked layout (oneDNN's,
+  // as PyTorch's packed linear takes it), for the matrix units' linear: made from the device
+  // bytes on the first read, kept until the next write (host memory, outside the device's
+  // accounting, as an NPU keeps weights in its own layout); the same values, the same results
+  at::Tensor device_input_packed(const at::Tensor& t);
+  int64_t packed_bytes() const;
   // the whole storage as a flat CPU tensor of `dtype` over the host view, on a CPU storage of
   // exactly `nbytes` (a nested tensor's kernels take its storage's size as its buffer's)
   at::Tensor host_flat(c10::ScalarType dtype);
@@ -169,6 +175,7 @@ struct StorageState {
   };
   std::vector<CachedInput> inputs_;
   std::vector<CachedInput> widened_;  // fp32 copies of views (device_input_widened)
+  std::vector<CachedInput> packed_;   // blocked layouts of weights (device_input_packed)
   const CachedInput* whole_widened() const;  // the kept form covering the whole storage
   int widen_reads_ = 0;               // widening reads since the last write (up to 2)
   bool reread_ = false;               // ... and before it there were two or more

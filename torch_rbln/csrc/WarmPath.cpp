@@ -21,11 +21,13 @@
 // the host views, the result delivered over the host view), it tells this kernel so, and the
 // next call with that key replays the decision here: `dispatch`, `cpu_fallback_reason`, the
 // operands' host reads (d2h of device-latest ones), the op, the result, `cpu_fallback` with its
-// duration. Everything that could change the decision or needs Python (a listener: a guard
-// scope, the fallback log, call-site capture; the profiler's tap; a trace; a dispatch mode;
-// TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK; a non-finite operand) takes the Python path.
+// duration (inside a profiler range `rbln::cpu_fallback(<reason>)` while a profile records device
+// activity, as the Python path names it). Everything that could change the decision or needs
+// Python (a listener: a guard scope, the fallback log, call-site capture; a trace; a dispatch
+// mode; TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK; a non-finite operand) takes the Python path.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
@@ -77,6 +79,9 @@ std::atomic<int64_t> replayed{0};    // CPU fallbacks it replayed (tests read it
 // the dtypes of the eager dispatch catalog and of the strict set (rules.configure), and the
 // half-precision dtypes whose matmuls are widened (executors.matmul_precision)
 std::vector<c10::ScalarType> dispatch_dtypes, strict_dtypes, widened_dtypes;
+// the dtypes whose linear programs take their weight in the GEMM library's blocked layout
+// (executors.packs: the host's packed linear, for the dtypes it has native GEMMs for)
+std::vector<c10::ScalarType> packed_dtypes;
 int64_t widen_min_rows = 0;  // fewer rows keep the half-precision kernel (executors.widens)
 
 // device programs running on this thread (the `reentrant` rule); both paths raise it
@@ -280,6 +285,32 @@ bool nonfinite_bits(const void* data, int64_t numel, c10::ScalarType d) {
   }
 }
 
+// nonfinite_bits of a strided view whose last dimension is dense (a slice of the last axis, a
+// transposed batch): each row of that dimension is one run of memory, scanned as above
+bool nonfinite_rows(const char* base, const at::Tensor& t) {
+  const int64_t item = static_cast<int64_t>(t.itemsize());
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  const int64_t outer = t.dim() - 1;
+  const int64_t row = sizes[outer];
+  std::vector<int64_t> at_(outer, 0);
+  int64_t offset = 0;  // of the current row, in elements
+  for (int64_t r = 0, rows = t.numel() / row; r < rows; ++r) {
+    if (nonfinite_bits(base + offset * item, row, t.scalar_type())) {
+      return true;
+    }
+    for (int64_t d = outer - 1; d >= 0; --d) {  // the next row: an odometer over the outer dims
+      offset += strides[d];
+      if (++at_[d] < sizes[d]) {
+        break;
+      }
+      offset -= strides[d] * sizes[d];
+      at_[d] = 0;
+    }
+  }
+  return false;
+}
+
 // the value of a wrapped scalar (a CPU 0-dim tensor) is finite; read in place, no dispatch
 bool finite_scalar(const at::Tensor& t) {
   const void* p = t.const_data_ptr();
@@ -313,13 +344,16 @@ bool has_nonfinite(const at::Tensor& t) {
   const bool device_side = s->host_read_deferred();
   const bool whole = spans(t, s->nbytes);
   bool bad = false;
-  if (whole || t.is_contiguous()) {  // the elements lie in one run of memory: read the bits
+  const bool dense_rows = t.dim() > 0 && (t.stride(-1) == 1 || t.size(-1) == 1);
+  if (whole || t.is_contiguous() || dense_rows) {  // runs of memory: read the bits
     at::Tensor bytes = device_side ? s->device_bytes() : s->host_bytes();
     const auto* base = static_cast<const char*>(bytes.const_data_ptr());
     const int64_t item = static_cast<int64_t>(t.itemsize());
     bad = whole ? nonfinite_bits(base, s->nbytes / item, t.scalar_type())
-                : nonfinite_bits(base + t.storage_offset() * item, t.numel(), t.scalar_type());
-  } else {  // a strided view: one min/max pass (NaN reaches both, an infinity is one of them)
+          : t.is_contiguous()
+              ? nonfinite_bits(base + t.storage_offset() * item, t.numel(), t.scalar_type())
+              : nonfinite_rows(base + t.storage_offset() * item, t);
+  } else {  // another strided view: one min/max pass (NaN reaches both, an infinity is one of them)
     const auto [lo, hi] = at::aminmax(device_side ? s->device_alias(t) : s->host_alias(t));
     bad = !std::isfinite(lo.item<double>()) || !std::isfinite(hi.item<double>());
   }
@@ -453,6 +487,7 @@ class WarmKernel final : public c10::OperatorKernel {
       : fn_(std::move(fn)), mode_(mode), out_arg_(out_arg), slots_(std::move(slots)),
         skip_dtype_(std::move(skip_dtype)), align64_(align64), form_(form),
         fn_args_(std::move(fn_args)), left_(left), batched_(batched),
+        linear_(fn_.schema().name() == "aten::linear"),
         dispatch_(events::counter("dispatch", op_name)),
         cpu_fallback_(events::counter("cpu_fallback", op_name)),
         warm_hit_(events::counter("warm_hit", op_name)),
@@ -483,10 +518,6 @@ class WarmKernel final : public c10::OperatorKernel {
       return;
     }
     if (fallback != nullptr) {
-      if (events::tap::on.load(std::memory_order_relaxed)) {
-        python_path(op, stack, {});  // a profile's trace names the host run (record_function)
-        return;
-      }
       if (mode_ != Mode::Functional && writes_an_operand(args)) {
         python_path(op, stack, {});  // PyTorch's overlap rules for in-place operands apply
         return;
@@ -731,6 +762,14 @@ class WarmKernel final : public c10::OperatorKernel {
     events::record(dispatch_);
     events::record(reason);
     replayed.fetch_add(1, std::memory_order_relaxed);
+    // a profile's trace names the host run and why, as the Python path's record_function does
+    std::optional<at::RecordFunction> range;
+    if (events::tap::on.load(std::memory_order_relaxed)) {
+      range.emplace(at::RecordScope::USER_SCOPE);
+      if (range->isActive()) {
+        range->before("rbln::cpu_fallback(" + reason->key + ")");
+      }
+    }
     const auto t0 = std::chrono::steady_clock::now();
     struct Done {  // `cpu_fallback` with its duration, recorded however the run ends
       events::Counter* c;
@@ -802,20 +841,38 @@ class WarmKernel final : public c10::OperatorKernel {
         }
       }
     }
+    // linear(input, weight, bias): a 2-D weight in the GEMM library's layout (executors.packs)
+    const bool pack = linear_ && !widen && contains(packed_dtypes, call.dtype) &&
+                      inputs.size() > 1 && inputs[1].defined() && inputs[1].dim() == 2;
+    if (pack) {
+      inputs[1] = state_of(args[1].toTensor())->device_input_packed(args[1].toTensor());
+    }
     const int64_t t0 = events::span_start();  // the program: operands in, result out
-    torch::jit::Stack fn_stack = fn_stack_of(args, inputs);
-    {
+    at::Tensor result;
+    if (pack) {
+      static const auto packed_linear =
+          c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+      torch::jit::Stack pl{inputs[0], inputs[1],
+                           inputs.size() > 2 && inputs[2].defined() ? c10::IValue(inputs[2])
+                                                                    : c10::IValue(),
+                           c10::IValue(std::string("none")),
+                           c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue()};
+      Depth depth;
+      packed_linear.callBoxed(pl);
+      result = pl.back().toTensor();
+    } else {
+      torch::jit::Stack fn_stack = fn_stack_of(args, inputs);
       Depth depth;
       fn_.callBoxed(fn_stack);
+      result = fn_stack.back().toTensor();
     }
-    at::Tensor result = fn_stack.back().toTensor();
     if (widen && result.scalar_type() != call.dtype) {
       result = result.to(call.dtype);
     }
     for (const auto& a : inputs) {
       // an operand's device memory (or a view of it, which may be its storage's host view):
-      // the output needs its own
-      if (a.defined() && (result.unsafeGetTensorImpl() == a.unsafeGetTensorImpl() ||
+      // the output needs its own (a packed weight is memory of its own)
+      if (a.defined() && !a.is_mkldnn() && (result.unsafeGetTensorImpl() == a.unsafeGetTensorImpl() ||
                           result.storage().data() == a.storage().data())) {
         result = result.clone();
         break;
@@ -969,6 +1026,7 @@ class WarmKernel final : public c10::OperatorKernel {
   }
 
   std::vector<int> fn_args_;  // per argument of fn: the registered op's argument, or -1
+  bool linear_;               // fn is aten::linear (its weight may be packed)
   int left_;                  // a matmul's left operand among fn's arguments
   bool batched_;              // ... and its first dimension is the batch (bmm)
   events::Counter* dispatch_;
@@ -1075,10 +1133,12 @@ void bind_warm_path(py::module_& m) {
         "registered on PrivateUse2.");
   m.def("warm_configure",
         [](std::vector<c10::ScalarType> dispatch, std::vector<c10::ScalarType> strict,
-           std::vector<c10::ScalarType> widened, int64_t min_rows, py::object deliver) {
+           std::vector<c10::ScalarType> widened, int64_t min_rows, py::object deliver,
+           std::vector<c10::ScalarType> packed) {
           dispatch_dtypes = std::move(dispatch);
           strict_dtypes = std::move(strict);
           widened_dtypes = std::move(widened);
+          packed_dtypes = std::move(packed);
           widen_min_rows = min_rows;
           if (python_deliver == nullptr) {
             python_deliver = new py::object();  // never freed: kernels may call it until exit

@@ -19,7 +19,8 @@ import torch
 
 from .. import _C, config, events
 from ..runtime import compiler, devices, executors
-from ..runtime.storage import device_input, device_input_widened, host_input
+from ..runtime.storage import (device_input, device_input_packed, device_input_widened,
+                               host_input)
 from . import checks, cuda_dtypes, fallback, recompile_causes, results, rules
 from .attention_dropout import DROPOUT_AT, with_attention_dropout
 from .optable import OpEntry, overload
@@ -221,10 +222,17 @@ def make_kernel(entry: OpEntry, registered_name: str):
 
         dev_args = []
         widened = prog.widened
-        for a in args:
+        packed = prog.packed
+        for i, a in enumerate(args):
             if isinstance(a, _Tensor) and a.get_device() >= 0:
-                # a widening program's half-precision operands in fp32, kept for a weight
-                a = device_input_widened(a) if widened and a.dtype in _HALF else device_input(a)
+                # a widening program's half-precision operands in fp32, kept for a weight; a
+                # packing program's weight in its packed layout, kept too
+                if widened and a.dtype in _HALF:
+                    a = device_input_widened(a)
+                elif packed and i == 1 and a.dim() == 2:
+                    a = device_input_packed(a)
+                else:
+                    a = device_input(a)
             dev_args.append(a)
         # inside a device program: the `reentrant` check sees it (and the native warm path
         # learns that this key ran as a device program)
@@ -274,7 +282,8 @@ def register_warm_path() -> set:
     from .optable import DEVICE_OPS
     widened = [d for d in executors.HALF if d not in executors.matmul_precision().native]
     _C.warm_configure(sorted(rules.DISPATCH_DTYPES, key=str), sorted(rules.STRICT_DTYPES, key=str),
-                      widened, executors.WIDEN_MIN_ROWS, results.deliver_device)
+                      widened, executors.WIDEN_MIN_ROWS, results.deliver_device,
+                      sorted(executors.packed_dtypes(), key=str))
     _C.set_warm_path(config.latched("TORCH_RBLN_NATIVE_WARM_PATH"))
     served = set()
     for e in DEVICE_OPS:

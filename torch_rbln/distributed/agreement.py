@@ -27,9 +27,10 @@ class MismatchError(RuntimeError):
     """The ranks of a group called different collectives, or passed mismatched tensors."""
 
 
-def fingerprint(op: str, t: torch.Tensor | None = None, root: int = NONE,
-                reduce_op: int = NONE) -> torch.Tensor:
-    f = torch.full((LENGTH,), NONE, dtype=torch.int64)
+def fingerprint_values(op: str, t: torch.Tensor | None = None, root: int = NONE,
+                       reduce_op: int = NONE) -> list[int]:
+    """The fingerprint as numbers (what :func:`fingerprint` holds)."""
+    f = [NONE] * LENGTH
     f[0] = OPS.index(op)
     f[4 + MAX_DIMS] = root
     f[5 + MAX_DIMS] = reduce_op
@@ -40,6 +41,11 @@ def fingerprint(op: str, t: torch.Tensor | None = None, root: int = NONE,
         for i, s in enumerate(t.shape[:MAX_DIMS]):
             f[4 + i] = s
     return f
+
+
+def fingerprint(op: str, t: torch.Tensor | None = None, root: int = NONE,
+                reduce_op: int = NONE) -> torch.Tensor:
+    return torch.tensor(fingerprint_values(op, t, root, reduce_op), dtype=torch.int64)
 
 
 def describe(row) -> str:

@@ -30,7 +30,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from .. import config
 from ..runtime import devices
-from . import agreement, rendezvous, staging
+from . import agreement, rendezvous, shm, staging
 from .staging import DEVICE, HOST, INOUT, READ, WRITE, Staging
 from .work import Work
 
@@ -38,9 +38,7 @@ SUPPORTED = ("broadcast, scatter, all_gather (list, into one tensor, coalesced),
              "reduce_scatter (list, tensor), send/recv and barrier")
 
 
-def _code(reduce_op) -> int:
-    op = getattr(reduce_op, "op", reduce_op)
-    return int(op.value) if hasattr(op, "value") else int(op)
+_code = shm.code
 
 
 def _is_sum(reduce_op) -> bool:
@@ -62,6 +60,11 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         self._seq = self._gloo._get_sequence_number_for_group()
         self._issued = 0        # collectives (not send/recv) issued, for error messages
         self._inbox: dict[tuple[int, int], _Receive] = {}   # (src, tag) -> latest receive
+        # every rank on one host: collectives through shared memory (shm.py)
+        self._shm = None
+        if size > 1 and shm.same_host(self.members):
+            uid = store.get(f"rbln_rccl_uid_{group_id}").decode()
+            self._shm = shm.Channel(store, rank, size, uid, self.members, timeout)
 
     # identity -------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -134,7 +137,12 @@ class ProcessGroupRBLN(dist.ProcessGroup):
     def _agree(self, op: str, t: torch.Tensor | None = None, root: int = agreement.NONE,
                reduce_op=None, root_name: str = "root") -> None:
         """Every rank checks that the others issue the same collective on matching tensors (one
-        small all-gather of fingerprints over gloo); a mismatch raises on every rank alike."""
+        small all-gather of fingerprints over gloo, or a round of the group's shared memory,
+        which every collective of such a group agrees through, whichever way its data moves);
+        a mismatch raises on every rank alike."""
+        if self._shm is not None:
+            self._exchange(op, t, None, root, reduce_op, root_name)
+            return
         # the first collective opens the NPUs (commits the mapping), like an allocation
         devices.commit()
         seq = self._issued
@@ -150,6 +158,35 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         except Exception as e:
             raise self._translate(op)(e) from e
         agreement.compare(rows.view(self.size(), agreement.LENGTH), seq, root_name)
+
+    def _on_shm(self, t: torch.Tensor, reduce_op=None) -> bool:
+        """This collective goes through the group's shared memory (shm.py): it fits a slot,
+        and a reduction is one whose result does not depend on the order the ranks' values
+        are combined in (gloo's, which the shared memory's rank order would not reproduce bit
+        for bit): integers, min/max, or two ranks."""
+        if self._shm is None or not shm.Channel.fits(staging.nbytes(t)):
+            return False
+        if reduce_op is None:
+            return True
+        return _code(reduce_op) in shm.REDUCTIONS and not t.is_complex() and (
+            self.size() == 2 or not t.is_floating_point() or _code(reduce_op) in shm.ORDERLESS)
+
+    def _exchange(self, op: str, t: torch.Tensor | None, data: torch.Tensor | None,
+                  root: int = agreement.NONE, reduce_op=None, root_name: str = "root") -> int:
+        """One round of the shared memory: this rank's fingerprint and data posted, the
+        others' awaited and checked (the agreement of ``_agree`` in the same round); returns
+        where the round's slots are."""
+        devices.commit()
+        seq = self._issued
+        self._issued += 1
+        mine = agreement.fingerprint_values(
+            op, t, root, _code(reduce_op) if reduce_op is not None else agreement.NONE)
+        try:
+            return self._shm.exchange(mine, data, seq, root_name)
+        except agreement.MismatchError:
+            raise
+        except Exception as e:
+            raise self._translate(op)(e) from e
 
     def _issue(self, op: str, result, works, st: Staging, where, nbytes: int) -> Work:
         """The Work of a collective whose transport operations are ``works``."""
@@ -179,9 +216,20 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         opts = opts if opts is not None else c10d.BroadcastOptions()
         self._one(op, tensors)
         where = self._where(op, [("tensor", tensors[0])])
-        self._agree(op, tensors[0], root=opts.rootRank, root_name="src")
+        t = tensors[0]
+        root = self.rank() == opts.rootRank
+        if self._on_shm(t):
+            st = Staging(where or DEVICE)
+            cpu = st(t, READ if root else WRITE)
+            parity = self._exchange(op, t, cpu if root else None, root=opts.rootRank,
+                                    root_name="src")
+            if not root:
+                cpu.copy_(self._shm.slot(parity, opts.rootRank, cpu.dtype, cpu.numel())
+                          .view(cpu.shape))
+            return self._issue(op, tensors, [], st, where, staging.nbytes(t))
+        self._agree(op, t, root=opts.rootRank, root_name="src")
         st = Staging(where or DEVICE)
-        cpu = st.many(tensors, READ if self.rank() == opts.rootRank else WRITE)
+        cpu = st.many(tensors, READ if root else WRITE)
         return self._issue(op, tensors, [self._gloo.broadcast(cpu, opts)], st, where,
                            staging.nbytes(*tensors))
 
@@ -195,7 +243,15 @@ class ProcessGroupRBLN(dist.ProcessGroup):
             opts = o
         self._one(op, tensors)
         where = self._where(op, [("tensor", tensors[0])], reduce_op=opts.reduceOp)
-        self._agree(op, tensors[0], reduce_op=opts.reduceOp)
+        t = tensors[0]
+        if self._on_shm(t, opts.reduceOp):
+            st = Staging(where or DEVICE)
+            cpu = st(t, INOUT)
+            parity = self._exchange(op, t, cpu, reduce_op=opts.reduceOp)
+            cpu.copy_(self._shm.reduce(parity, cpu.dtype, cpu.numel(), _code(opts.reduceOp))
+                      .view(cpu.shape))
+            return self._issue(op, tensors, [], st, where, staging.nbytes(t))
+        self._agree(op, t, reduce_op=opts.reduceOp)
         st = Staging(where or DEVICE)
         cpu = st.many(tensors, INOUT)
         return self._issue(op, tensors, [self._gloo.allreduce(cpu, opts)], st, where,
@@ -212,6 +268,14 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         for i, o in enumerate(outs):
             self._numel(op, f"output[{i}]", o, inp.numel(), inp.dtype)
         where = self._where(op, [("input", inp)] + [(f"output[{i}]", o) for i, o in enumerate(outs)])
+        if self._on_shm(inp):
+            st = Staging(where or DEVICE)
+            cin = st(inp, READ)
+            couts = st.many(outs, WRITE)
+            parity = self._exchange(op, inp, cin)
+            for o, s in zip(couts, self._shm.slots(parity, cin.dtype, cin.numel())):
+                o.copy_(s.view(o.shape))
+            return self._issue(op, output_lists, [], st, where, staging.nbytes(*outs))
         self._agree(op, inp)
         st = Staging(where or DEVICE)
         cin = st.many(inputs, READ)
@@ -224,8 +288,15 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         opts = opts if opts is not None else c10d.AllgatherOptions()
         self._numel(op, "the output", output, input.numel() * self.size(), input.dtype)
         where = self._where(op, [("input", input), ("output", output)])
-        self._agree(op, input)
         st = Staging(where or DEVICE)
+        if self._on_shm(input):
+            cin = st(input, READ)
+            cout = st(output, WRITE)
+            parity = self._exchange(op, input, cin)
+            torch.stack(self._shm.slots(parity, cin.dtype, cin.numel()),
+                        out=cout.view(self.size(), cin.numel()))
+            return self._issue(op, output, [], st, where, staging.nbytes(output))
+        self._agree(op, input)
         cin = st(input, READ)
         cout = st(output, WRITE)
         return self._issue(op, output, [self._gloo._allgather_base(cout, cin, opts)], st,
@@ -321,8 +392,17 @@ class ProcessGroupRBLN(dist.ProcessGroup):
         opts = opts if opts is not None else c10d.ReduceScatterOptions()
         self._numel(op, "the input", input, output.numel() * self.size(), output.dtype)
         where = self._where(op, [("output", output), ("input", input)], reduce_op=opts.reduceOp)
-        self._agree(op, output, reduce_op=opts.reduceOp)
         st = Staging(where or DEVICE)
+        if self._on_shm(input, opts.reduceOp):
+            cin = st(input, READ)
+            cout = st(output, WRITE)
+            parity = self._exchange(op, output, cin, reduce_op=opts.reduceOp)
+            n = cout.numel()
+            mine = slice(self.rank() * n, (self.rank() + 1) * n)
+            cout.copy_(self._shm.reduce(parity, cin.dtype, cin.numel(), _code(opts.reduceOp),
+                                        mine).view(cout.shape))
+            return self._issue(op, output, [], st, where, staging.nbytes(input))
+        self._agree(op, output, reduce_op=opts.reduceOp)
         cin = st(input, READ)
         cout = st(output, WRITE)
         return self._issue(op, output, [self._gloo._reduce_scatter_base(cout, cin, opts)], st,
@@ -367,7 +447,10 @@ class ProcessGroupRBLN(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         # the agreement step is an all-gather among every rank: a barrier of its own
-        self._agree("barrier")
+        if self._shm is not None:
+            self._exchange("barrier", None, None)
+        else:
+            self._agree("barrier")
         self._seq += 1
         return Work("barrier", [])
 

@@ -36,7 +36,7 @@ from .. import events
 from ..dispatch import compiler_optable, rules
 from ..runtime import caches, devices
 from . import programs, split
-from .rewrite import (compilable, fp32_matmuls, inject_fault, to_cpu_devices,
+from .rewrite import (compilable, fp32_matmuls, inject_fault, packed_inputs, to_cpu_devices,
                       use_custom_kernels, widen_cuda_dtypes, widened_inputs)
 from .runners import DevicePartition, EagerCall, HostPartition, Results
 
@@ -134,10 +134,11 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode, device_side: bo
                if isinstance(v, torch.Tensor) else v for v in fakes]
     gm = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))   # compile_fx may mutate its graph
     to_cpu_devices(gm)
-    widened = frozenset()
+    widened = packed = frozenset()
     if device_side:
         fp32_matmuls(gm)
         widened = widened_inputs(gm)
+        packed = packed_inputs(gm)
     if widened:
         with fake_mode:
             cpu = [v.float() if i in widened else v for i, v in enumerate(cpu)]
@@ -151,7 +152,7 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode, device_side: bo
     def run(*args):
         out = fn(*args)
         return out if isinstance(out, (tuple, list)) else (out,)
-    return run, widened
+    return run, widened, packed
 
 
 def _output_values(gm: torch.fx.GraphModule) -> tuple:

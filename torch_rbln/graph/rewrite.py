@@ -192,3 +192,40 @@ def inject_fault(gm: torch.fx.GraphModule) -> None:
         hit = True
     if hit:
         gm.recompile()
+
+
+# a linear whose weight the runner passes in the GEMM library's blocked layout (the weight's kept
+# packed form, ``device_input_packed``): the eager linear program's computation
+# (``executors.linear_packed``), a call Inductor makes as it is
+_lib = torch.library.Library("torch_rbln", "FRAGMENT")
+_lib.define("packed_linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor")
+_lib.impl("packed_linear", executors.linear_packed, "CompositeExplicitAutograd")
+_lib.impl("packed_linear", lambda x, w, b=None: x.new_empty((*x.shape[:-1], w.shape[0])), "Meta")
+_packed_linear = torch.ops.torch_rbln.packed_linear.default
+_linear = torch.ops.aten.linear.default
+
+
+def packed_inputs(gm: torch.fx.GraphModule) -> frozenset:
+    """Inputs that only ever serve as the 2-D weight of a linear in a dtype whose linear
+    programs take packed weights (``executors.packed_dtypes``): their linears call
+    ``torch_rbln::packed_linear`` and the runner passes the weight's kept packed form, as the
+    eager linear program takes it, so a weight is laid out once, not per call. Returns the
+    positions of those placeholders."""
+    packed = executors.packed_dtypes()
+    out = set()
+    if not packed:
+        return frozenset()
+    for i, ph in enumerate(gm.graph.find_nodes(op="placeholder")):
+        v = ph.meta.get("val")
+        users = list(ph.users)
+        if (not isinstance(v, torch.Tensor) or v.dim() != 2 or v.dtype not in packed or not users
+                or not all(u.target is _linear and len(u.args) >= 2 and u.args[1] is ph
+                           and u.args[0] is not ph for u in users)):
+            continue
+        for u in users:
+            u.target = _packed_linear
+        out.add(i)
+    if out:
+        gm.recompile()
+    return frozenset(out)
+

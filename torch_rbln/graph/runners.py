@@ -21,8 +21,8 @@ import torch
 from .. import events
 from ..dispatch.layout import spans_storage
 from ..runtime.storage import (CPU_KEYSET, DEVICE, HOST, SYNCED, deliver_fresh, device_input,
-                               device_input_widened, host_input, state_of, storage_nbytes,
-                               wrap_host)
+                               device_input_packed, device_input_widened, host_input, state_of,
+                               storage_nbytes, wrap_host)
 from .placement import NO_KERNEL, Placement
 
 _record_batch = events.record_batch
@@ -70,6 +70,7 @@ class _Partition:
         self._input = device_input if self.device_side else host_input
 
     widened: frozenset = frozenset()    # positions the program takes in fp32 (rewrite.py)
+    packed: frozenset = frozenset()     # ... and as packed weights (rewrite.packed_inputs)
 
     def _bind(self, args):
         cpu_args = []
@@ -77,6 +78,7 @@ class _Partition:
         read = self._input          # this side's read (an h2d or d2h where due), then an alias
         device_side = self.device_side
         widened = self.widened
+        packed = self.packed
         for i, a in enumerate(args):
             if type(a) is Staged:
                 a = a.read(device_side, self.index)
@@ -85,6 +87,8 @@ class _Partition:
             elif isinstance(a, _Tensor) and a.get_device() >= 0:     # rbln (CPU: -1)
                 if widened and i in widened:
                     a = device_input_widened(a)     # the kept widened form of a weight
+                elif packed and i in packed:
+                    a = device_input_packed(a)      # the kept packed form of a weight
                 else:
                     c = read(a)
                     if owners is not None:
@@ -118,11 +122,12 @@ class DevicePartition(_Partition):
     def __init__(self, name, rbln_out, index, key, compile_fn, aliases: bool = True):
         super().__init__(name, rbln_out, index, aliases)
         self.key = key                  # the program's name in events (`device_program`)
-        self.compile_fn = compile_fn    # () -> (callable on CPU tensors, widened positions)
+        # () -> (callable on CPU tensors, widened positions, packed positions)
+        self.compile_fn = compile_fn
         self.fn = None
 
     def build(self) -> None:
-        self.fn, self.widened = self.compile_fn()
+        self.fn, self.widened, self.packed = self.compile_fn()
 
     def drop(self) -> None:
         self.fn = None

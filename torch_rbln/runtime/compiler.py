@@ -79,6 +79,7 @@ class Program:
     run: Callable
     compile_ns: int = 0
     widened: bool = False   # run takes its half-precision operands in fp32 (executors)
+    packed: bool = False    # run takes a 2-D weight (argument 1) in its packed layout
 
     def __repr__(self):
         return f"Program({self.op}, prims={list(self.primitives)})"
@@ -245,7 +246,8 @@ def compile_op(op_name: str, body, key, args, kwargs, build) -> Program:
     t0 = time.perf_counter_ns()
     prims, out_meta = lower(body, args, kwargs)
     run = faults.wrap(op_name, build(out_meta))
-    prog = Program(op_name, key, prims, out_meta, run, widened=getattr(run, "widened", False))
+    prog = Program(op_name, key, prims, out_meta, run, widened=getattr(run, "widened", False),
+                   packed=getattr(run, "packed", False))
     prog.compile_ns = time.perf_counter_ns() - t0
     with _lock:
         if key not in _cache:

@@ -12,9 +12,13 @@ to the output dtype once, at the op boundary. The forms:
   (AVX512-FP16 / AMX for fp16, AVX512-BF16 / AMX for bf16: fp32 accumulation, one rounding),
   ``fp32`` elsewhere (without them PyTorch's half-precision GEMM is many times slower than
   widening). :func:`matmul_precision` makes the choice once per process; graph programs make
-  the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it.
+  the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it. A
+  native-dtype ``linear`` takes its weight in the GEMM library's blocked layout, kept per
+  weight (:func:`packed_dtypes`).
 * custom      programs whose body is written out here (attention, ``linear_backward``): each
-  step in fp32 (float64 in float64, as on the CPU), one rounding per output.
+  step in fp32 (float64 in float64, as on the CPU), one rounding per output; the paged decode
+  attention kernel (:func:`paged_causal_attn_decode`) feeds the matrix units as the NPU's
+  attention unit does.
 
 The widening forms (``fp32``, a widened ``matmul``, custom bodies) mark their run callable
 ``widened``: the eager kernel then hands them their half-precision operands already in fp32,
@@ -335,6 +339,51 @@ def linear_backward(x, grad_output, weight, output_mask, dtype=None):
     return dx, dw, db
 
 
+# ------------------------------------------------------------------------------------------
+# paged decode attention (rbln_custom_ops::paged_causal_attn_decode)
+
+def paged_decode_plan(seq, block_table, block_size: int, dtype):
+    """What a paged decode step reads and writes, from its positions and block table alone
+    (every layer of a step shares it): each new token's slot ``[B]``, the pages to read
+    ``[B * pages]`` (enough for the longest sequence), and the additive mask ``[B, 1, 1, S]``
+    that hides each sequence's keys past its position."""
+    B = seq.shape[0]
+    pos = seq.to(torch.int64)
+    table = block_table.to(torch.int64)
+    new = table.gather(1, (pos // block_size).unsqueeze(1)).squeeze(1) * block_size \
+        + pos % block_size
+    pages = (int(pos.max()) // block_size + 1) if B else 1
+    S = pages * block_size
+    mask = torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill_(
+        (torch.arange(S).unsqueeze(0) > pos.unsqueeze(1))[:, None, None], -math.inf)
+    return new, table[:, :pages].reshape(-1), mask
+
+
+def paged_causal_attn_decode(q, k, v, kv_cache, seq, scale, block_table, plan=None):
+    """One decode step of causal attention over a paged KV cache: the NPU's paged attention
+    kernel. ``q`` ``[B, H, D]`` (one new token per sequence), ``k``/``v`` ``[B, Hkv, D]``;
+    ``kv_cache`` ``[blocks, block_size, Hkv, 2 * D]`` (token-major pages, each token's keys then
+    its values: vLLM's layout); ``seq[b]`` the new token's position (the tokens already cached),
+    ``block_table[b]`` the pages of sequence ``b``. Writes the new keys and values at their
+    positions, then attends each query to its sequence's keys ``0 .. seq[b]`` (GQA: query head
+    ``h`` reads KV head ``h // (H / Hkv)``). Returns ``[B, H, D]``. ``plan``: the step's
+    :func:`paged_decode_plan`, when the caller kept it.
+
+    The pages a batch reads are gathered whole, and the host's fused attention kernel (PyTorch's
+    CPU flash attention) runs on them in the operands' dtype, as the NPU's attention unit does:
+    both matmuls accumulate in fp32, the softmax is fp32, and its weights enter the second matmul
+    in the operands' dtype; one rounding of the output."""
+    B, H, D = q.shape
+    hk = k.shape[1]
+    new, pages, mask = plan or paged_decode_plan(seq, block_table, kv_cache.shape[1], q.dtype)
+    kv_cache.view(-1, hk, 2 * D).index_copy_(0, new, torch.cat([k, v], -1))
+    S = mask.shape[-1]
+    ctx = kv_cache.index_select(0, pages).view(B, S, hk, 2 * D)
+    out, _ = _flash_cpu(q.unsqueeze(2), ctx[..., :D].transpose(1, 2), ctx[..., D:].transpose(1, 2),
+                        0.0, False, attn_mask=mask, scale=scale)
+    return out.view(B, H, D)
+
+
 # custom bodies whose only heavy steps are matmuls: they take the matrix units' choice
 # (:func:`widens`) instead of computing every step in fp32
 _MATMUL_BODIES = frozenset({"linear_backward"})
@@ -427,13 +476,46 @@ def widens(dtype, rows: int | None) -> bool:
             and (rows is None or rows >= WIDEN_MIN_ROWS))
 
 
+@lru_cache(maxsize=None)
+def packed_dtypes() -> frozenset:
+    """The dtypes whose linear programs take their weight in the host GEMM library's blocked
+    layout (PyTorch's packed linear: oneDNN's weight format, made once per weight and kept
+    until the weight is written; ``StorageState.device_input_packed`` in the native core): the
+    half-precision dtypes with native GEMMs on this CPU. The results are the plain linear's,
+    bit for bit; what changes is the time (the weight is not re-laid-out by every call), as an
+    NPU's compiler lays weights out for its matrix units once."""
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return frozenset()
+    mkldnn = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+              torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+    return frozenset(d for d in matmul_precision().native if mkldnn[d])
+
+
+_packed_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+
+
+def linear_packed(x, w, b=None):
+    """``aten::linear`` with ``w`` in the GEMM library's layout (or plain: computed as it is)."""
+    if w.is_mkldnn:
+        return _packed_linear(x, w, b, "none", [], "")
+    return torch.ops.aten.linear.default(x, w, b)
+
+
+linear_packed.packed = True
+
+
 def matmul(fn, out_meta):
     shape, dtype = (out_meta[0], out_meta[1]) if (
         isinstance(out_meta, tuple) and len(out_meta) == 3) else ((), None)
     rows = math.prod(shape[:-1]) if shape else None
     if rows is not None and fn is torch.ops.aten.bmm.default:
         rows //= max(shape[0], 1)           # per batch entry: each GEMM is one matrix
-    return fp32(fn, out_meta) if widens(dtype, rows) else direct(fn, out_meta)
+    if widens(dtype, rows):
+        return fp32(fn, out_meta)
+    if fn is torch.ops.aten.linear.default and dtype in packed_dtypes():
+        return linear_packed
+    return direct(fn, out_meta)
 
 
 def build(kernel: str, fn, out_meta):

@@ -72,6 +72,7 @@ def wrap(op_name: str, run):
         return out if nth is not None and n != nth else _perturbed(out, amount)
 
     faulty.widened = getattr(run, "widened", False)
+    faulty.packed = getattr(run, "packed", False)
     return faulty
 
 

@@ -50,6 +50,9 @@ device_input = _C.device_input    # device read, then the program-operand alias 
 # device_input in fp32 for a widening program: kept per view from its second widening since the
 # storage's last write (a weight), dropped by the next write; outside the device's accounting
 device_input_widened = _C.device_input_widened
+# device_input of a 2-D half-precision weight in the host GEMM library's blocked layout, for a
+# linear program: kept from its first such read until the storage's next write
+device_input_packed = _C.device_input_packed
 host_output = _C.host_output      # host write (whole if ``t`` covers its storage), host alias
 device_output = _C.device_output  # device write (whole if ``t`` covers its storage), device alias
 # before a write into ``t`` that takes its alias first (the CPU fallback's in-place arguments): a

@@ -1,21 +1,28 @@
-"""``RBLN_SDPA``: vLLM decoder attention over a paged KV cache in rbln memory, through SDPA.
+"""``RBLN_SDPA``: vLLM decoder attention over a paged KV cache in rbln memory.
 
 vLLM's attention backends are CUDA/ROCm/Triton kernels or the CPU's C++ paged-attention op;
 none runs on a PrivateUse1 device. This backend keeps vLLM's paged KV cache (blocks of
-``block_size`` tokens, a block table per request) and expresses each step with ops the rbln
-backend runs on the device:
+``block_size`` tokens, a block table per request) and runs each step as the NPU does:
 
-* cache write: ``index_copy_`` of the step's keys and values into their slots;
-* cache read: ``index_select`` of each request's slots into a dense ``[B, S, H_kv, D]`` batch;
-* attention: one ``F.scaled_dot_product_attention`` for the whole batch (GQA native) with a
-  boolean mask that encodes causality, each request's own length and the padding;
-* output: ``index_select`` back to vLLM's packed token order.
+* a decode step (one new token per request, vLLM's steady state) is one device program per
+  layer, the NPU's paged decode attention kernel
+  ``torch.ops.rbln_custom_ops.paged_causal_attn_decode`` (``torch_rbln/dispatch/
+  paged_attention.py``): it writes the step's keys and values into their pages and attends each
+  request's query to its cached keys, reading the pages through the request's block table; the
+  step's positions and block table are moved to the device once and shared by every layer;
+* any other step (prefill, chunked prefill, a prefill mixed with decodes) writes the cache with
+  ``index_copy_`` of the step's keys and values into their slots, reads each request's context
+  with ``index_select`` into a dense ``[B, S, H_kv, D]`` batch, runs one
+  ``F.scaled_dot_product_attention`` for the whole batch (GQA native) with a boolean mask that
+  encodes causality, each request's own length and the padding, and ``index_select``s the
+  output back to vLLM's packed token order. The device attention kernel tiles query and key
+  lengths by 32, so the batch is padded to multiples of 32 (padded query rows see key 0 only
+  and are dropped; padded keys are masked). The index tensors and the mask are computed once
+  per step on the host from vLLM's host-side metadata, moved to the device once, and shared by
+  every layer.
 
-The device attention kernel tiles query and key lengths by 32, so the batch is padded to
-multiples of 32 (padded query rows see key 0 only and are dropped; padded keys are masked).
-The per-step index tensors and the mask are computed once on the host from vLLM's host-side
-metadata and moved to the device once per step (visible as small ``h2d`` copies in explain),
-then shared by every layer.
+The backend writes the cache itself (``forward_includes_kv_cache_update``), so a decode step's
+cache write is part of its attention program.
 
 Cache layout: vLLM's ``LBNHC`` layout (token-major pages): per layer the cache is
 ``[num_blocks, block_size, H_kv, 2 * D]`` in memory, keys in the first ``D`` of the last axis,
@@ -29,7 +36,6 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from vllm.forward_context import get_forward_context
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
@@ -40,11 +46,16 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
+from torch_rbln.dispatch.paged_attention import DECODE, NAMESPACE
+
 TILE = 32   # the device attention kernel's tile for query and key lengths
 
 
+_paged_decode = getattr(getattr(torch.ops, NAMESPACE), DECODE)
+
+
 class RblnSdpaBackend(AttentionBackend):
-    forward_includes_kv_cache_update: bool = False
+    forward_includes_kv_cache_update: bool = True
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16,
                                                      torch.float32]
 
@@ -77,13 +88,21 @@ class RblnSdpaBackend(AttentionBackend):
 class RblnSdpaMetadata:
     num_actual_tokens: int
     num_reqs: int
-    query_len: int          # padded query rows per request (multiple of TILE)
-    key_len: int            # padded keys per request (multiple of TILE)
-    query_index: torch.Tensor   # [B * query_len] token row of each padded query row
-    key_slots: torch.Tensor     # [B * key_len] cache slot of each padded key
-    write_slots: torch.Tensor   # [num_actual_tokens] cache slot of each new token
-    out_index: torch.Tensor     # [num_actual_tokens] padded row holding each token's output
-    mask: torch.Tensor          # [B, 1, query_len, key_len] True = attend
+    # a decode step (one token per request): the paged decode kernel's operands
+    seq: torch.Tensor | None = None          # [B] position of each request's new token
+    block_table: torch.Tensor | None = None  # [B, pages] each request's cache blocks
+    # any other step: the cache writes and the dense SDPA batch
+    write_slots: torch.Tensor | None = None   # [num_actual_tokens] cache slot of each token
+    query_len: int = 0      # padded query rows per request (multiple of TILE)
+    key_len: int = 0        # padded keys per request (multiple of TILE)
+    query_index: torch.Tensor | None = None   # [B * query_len] token row of each padded row
+    key_slots: torch.Tensor | None = None     # [B * key_len] cache slot of each padded key
+    out_index: torch.Tensor | None = None     # [num_actual_tokens] padded row of each output
+    mask: torch.Tensor | None = None          # [B, 1, query_len, key_len] True = attend
+
+    @property
+    def decode(self) -> bool:
+        return self.seq is not None
 
 
 def _round_up(n: int, m: int) -> int:
@@ -100,11 +119,19 @@ class RblnSdpaMetadataBuilder(AttentionMetadataBuilder[RblnSdpaMetadata]):
               fast_build: bool = False) -> RblnSdpaMetadata:
         m = common_attn_metadata
         B, T = m.num_reqs, m.num_actual_tokens
-        qsl = m.query_start_loc_cpu[:B + 1].tolist()
-        seq = m.seq_lens_cpu_upper_bound
-        seq = (seq if seq is not None else m.seq_lens.cpu())[:B].tolist()
+        seq_t = m.seq_lens_cpu_upper_bound
+        seq_t = (seq_t if seq_t is not None else m.seq_lens.cpu())[:B]
         # the block table and slot mapping are host tensors on rbln (see model_runner.py)
         table = m.block_table_tensor[:B].cpu()
+        dev = self.device
+        if B and T == B and m.max_query_len == 1:
+            # a decode step: the positions of the new tokens and the block table, for the
+            # paged decode kernel (copies: vLLM reuses its host buffers for the next step)
+            pos = (seq_t - 1).to(torch.int32)
+            return RblnSdpaMetadata(num_actual_tokens=T, num_reqs=B, seq=pos.to(dev),
+                                    block_table=table.to(dev))
+        qsl = m.query_start_loc_cpu[:B + 1].tolist()
+        seq = seq_t.tolist()
         qlens = [qsl[i + 1] - qsl[i] for i in range(B)]
         Lp = _round_up(max(qlens, default=1), TILE)
         Sp = _round_up(max(seq, default=1), TILE)
@@ -131,21 +158,25 @@ class RblnSdpaMetadataBuilder(AttentionMetadataBuilder[RblnSdpaMetadata]):
         out_index = torch.cat(out_index) if out_index else torch.zeros(0, dtype=torch.int64)
         write_slots = torch.cat(write_slots) if write_slots else torch.zeros(0, dtype=torch.int64)
         assert out_index.numel() == T, (out_index.numel(), T)
-        dev = self.device
         return RblnSdpaMetadata(
             num_actual_tokens=T, num_reqs=B, query_len=Lp, key_len=Sp,
             query_index=query_index.view(-1).to(dev), key_slots=key_slots.view(-1).to(dev),
             write_slots=write_slots.to(dev), out_index=out_index.to(dev), mask=mask.to(dev))
 
 
-def _slots(kv_cache: torch.Tensor) -> torch.Tensor:
-    """The layer's cache as ``[num_blocks * block_size, H_kv, 2 * D]`` rows, one per slot."""
-    nb, h, bs, c = kv_cache.shape                     # vLLM's logical [B, H, N, C] view
-    pages = kv_cache.permute(0, 2, 1, 3)              # physical LBNHC order
+def _pages(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The layer's cache as ``[num_blocks, block_size, H_kv, 2 * D]`` (its memory order)."""
+    pages = kv_cache.permute(0, 2, 1, 3)              # vLLM's logical [B, H, N, C] view
     if not pages.is_contiguous():
         raise RuntimeError("rbln attention needs the LBNHC KV cache layout with dense pages "
                            f"(got strides {tuple(kv_cache.stride())}); unset "
                            "VLLM_KV_CACHE_LAYOUT")
+    return pages
+
+
+def _slots(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The layer's cache as ``[num_blocks * block_size, H_kv, 2 * D]`` rows, one per slot."""
+    nb, bs, h, c = (pages := _pages(kv_cache)).shape
     return pages.view(nb * bs, h, c)
 
 
@@ -157,7 +188,9 @@ class RblnSdpaImpl(AttentionImpl):
         unsupported = [name for name, v in (("ALiBi", alibi_slopes),
                                             ("sliding window", sliding_window),
                                             ("logits soft cap", logits_soft_cap),
-                                            ("attention sinks", sinks)) if v]
+                                            ("attention sinks", sinks),
+                                            ("KV cache sharing between layers",
+                                             kv_sharing_target_layer_name)) if v]
         if unsupported or kv_cache_dtype not in ("auto", "float16", "bfloat16"):
             raise NotImplementedError(
                 f"rbln attention: {', '.join(unsupported) or 'kv cache dtype ' + kv_cache_dtype}"
@@ -167,14 +200,6 @@ class RblnSdpaImpl(AttentionImpl):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.attn_type = attn_type
 
-    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        md = get_forward_context().attn_metadata
-        md = md.get(layer.layer_name) if isinstance(md, dict) else md
-        if md is None or kv_cache.numel() == 0:
-            return
-        n = md.num_actual_tokens
-        _slots(kv_cache).index_copy_(0, md.write_slots, torch.cat([key[:n], value[:n]], -1))
-
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None) -> torch.Tensor:
         if output_scale is not None or output_block_scale is not None:
@@ -182,8 +207,14 @@ class RblnSdpaImpl(AttentionImpl):
         md: RblnSdpaMetadata | None = attn_metadata
         if md is None:                      # profiling / warm-up pass without a cache
             return output
-        B, Lp, Sp, D = md.num_reqs, md.query_len, md.key_len, self.head_size
-        n = md.num_actual_tokens
+        n, D = md.num_actual_tokens, self.head_size
+        if md.decode:
+            o = _paged_decode(query[:n], key[:n], value[:n], _pages(kv_cache), md.seq,
+                              self.scale, md.block_table)
+            output[:n].copy_(o)
+            return output
+        _slots(kv_cache).index_copy_(0, md.write_slots, torch.cat([key[:n], value[:n]], -1))
+        B, Lp, Sp = md.num_reqs, md.query_len, md.key_len
         ctx = _slots(kv_cache).index_select(0, md.key_slots).view(B, Sp, self.num_kv_heads, 2 * D)
         k = ctx[..., :D].transpose(1, 2)
         v = ctx[..., D:].transpose(1, 2)

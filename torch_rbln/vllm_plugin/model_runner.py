@@ -17,7 +17,9 @@ and XPU runners do it:
   activations and the KV cache are rbln tensors;
 * the ``compute_slot_mapping`` kernel (Triton on GPUs, C++ on the CPU) has a PyTorch body here;
 * per-request generators (seeded sampling, and the sampler warm-up) are rbln generators,
-  ``torch.Generator(device=self.device)`` as on a GPU.
+  ``torch.Generator(device=self.device)`` as on a GPU;
+* layers with an rbln version (``layers.py``: the rotary embedding) get it before the model is
+  built.
 
 Weights: ``load_model`` builds the model under ``torch.device(self.device)`` like the GPU path,
 so every parameter and buffer is created on rbln.
@@ -31,6 +33,7 @@ from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from ..patches import cuda_names_as_rbln
+from . import layers
 
 logger = init_logger(__name__)
 
@@ -41,6 +44,7 @@ _DEVICE_INPUTS = frozenset({"input_ids", "inputs_embeds", "mrope_positions", "po
 
 class RblnModelRunner(GPUModelRunner):
     def __init__(self, vllm_config, device: torch.device):
+        layers.install()
         with cuda_names_as_rbln():
             super().__init__(vllm_config, device)
         self.use_cuda_graph = False

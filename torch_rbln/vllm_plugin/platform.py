@@ -179,10 +179,29 @@ class RblnPlatform(Platform):
         if comp.mode == CompilationMode.DYNAMO_TRACE_ONCE and comp.backend in ("", "inductor"):
             comp.backend = "rbln"
 
-        # engine core and workers are spawned (fork after torch import is unsafe)
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        _choose_start_method()
         # shared-expert overlap uses CUDA streams
         os.environ["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] = "1"
+
+
+# the worker start method this plugin chose last (a value set by anyone else is kept)
+_start_method: str | None = None
+
+
+def _choose_start_method() -> None:
+    """Engine core and workers start as vLLM starts them on a GPU: forked from this process,
+    which costs nothing, unless this process already opened its NPUs (a committed device
+    mapping: arenas, claims, stream workers), which a child must not inherit; then spawned,
+    as vLLM spawns once CUDA is initialized. A spawned worker imports vLLM again (seconds per
+    worker). ``VLLM_WORKER_MULTIPROC_METHOD`` set by the user is kept."""
+    global _start_method
+    from ..runtime import devices
+
+    current = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+    if current is not None and current != _start_method:
+        return
+    _start_method = "spawn" if devices.is_committed() else "fork"
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = _start_method
 
 
 def check_parallel(parallel) -> None:
