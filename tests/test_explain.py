@@ -44,7 +44,8 @@ def device_latest(shape=(4, 64)):
 
 def check_schema(p) -> tuple[dict, dict]:
     d, v = p.dump(), p.verdict()
-    assert set(d) - {"cpu_fallback_unaccelerated", "rebel_runtime", "recompile_causes"} == DUMP_KEYS
+    assert set(d) - {"cpu_fallback_unaccelerated", "rebel_runtime", "recompile_causes",
+                      "recompile_buckets"} == DUMP_KEYS
     assert list(d["hidden_host_bounce"]["by_site"]) == SITES
     for c in d["hidden_host_bounce"]["by_site"].values():
         assert set(c) == {"count", "bytes"}
