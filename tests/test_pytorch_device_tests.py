@@ -13,7 +13,7 @@ only), and ``Module.to`` keeping TensorImpls (PyTorch's "dense" device types onl
 
 Default: fast subsets (views and indexing; recurrent and lazy modules; a few tests each of
 ``test_torch``, ``test_dlpack``, ``test_linalg`` and ``test_nn``); ``--runslow``: every test
-of every file, one process per file (minutes each; ``test_nn.py`` about an hour).
+of every file, one process per file (minutes each; ``test_nn.py`` up to an hour).
 """
 
 from __future__ import annotations
@@ -81,17 +81,16 @@ def test_modules_rnn_and_lazy_match_cpu():
 # a few tests of each of the four larger files, in one process: storage, indexing and memory
 # formats; DLPack capsules; BLAS, decompositions, einsum; normalization, upsampling, CTC loss
 CORE_FILES = ("test_torch.py", "test_dlpack.py", "test_linalg.py", "test_nn.py")
-CORE_FAST = ("test_clone_zero_stride_dim or test_index_fill or test_masked_fill or test_put or "
-             "test_scatter_bool or test_cumsum or test_memory_format_clone or "
-             "test_dlpack_capsule_conversion or test_dlpack_shared_storage or test_inner or "
-             "test_kron or test_det_logdet_slogdet or test_cholesky_solve or "
+CORE_FAST = ("test_clone_zero_stride_dim or test_scatter_bool or test_cumsum or "
+             "test_memory_format_clone or test_index_fill or test_dlpack_capsule_conversion or "
+             "test_dlpack_shared_storage or test_inner or test_kron or test_cholesky_solve or "
              "test_einsum_corner_cases or test_upsamplingNearest2d or test_GroupNorm_general or "
              "test_conv_empty_channel or test_CTCLoss_empty_target or test_LayerNorm_general")
 
 
 def test_core_files_subset_matches_cpu():
     _need(*CORE_FILES)
-    results = _assert_matches_cpu(CORE_FILES, CORE_FAST, least=100)
+    results = _assert_matches_cpu(CORE_FILES, CORE_FAST, least=60)
     per_file = {f[:-3]: 0 for f in CORE_FILES}
     for key, by_dev in results.items():
         if by_dev.get("cpu", ("",))[0] == "passed" and "rbln" in by_dev:
