@@ -82,8 +82,9 @@ _BF16_BLAS = ("CUDA-only dtype limit: the test expects every device but the CPU 
               "computes it")
 _LSTSQ = (_MIXED + "; the test then expects CUDA's message for an unknown lstsq driver on "
           "every device but the CPU (a CPU/CUDA-only branch)")
-_INT4 = ("int4 weight packing: _convert_weight_to_int4pack is implemented for CUDA and MPS only "
-         "(the CPU has its own _for_cpu op); rbln raises PyTorch's not-implemented error")
+_INT4 = ("int4 weight packing: _convert_weight_to_int4pack and _weight_int4pack_mm are "
+         "implemented for CUDA and MPS only (the CPU has its own _for_cpu ops); rbln, which runs "
+         "an op without a device kernel on the CPU's, raises an error naming the op")
 EXCEPTED = (
     (r"^test_nonzero(_[a-z0-9]+)?$", r"RuntimeError not raised", _MIXED),
     (r"^test_tensor_storage_type_", r"None mismatch: None is not <class 'torch\.\w+Storage'>",
@@ -92,7 +93,7 @@ EXCEPTED = (
     (r"^test_linalg_lstsq_input_checks_", r"RuntimeError not raised", _LSTSQ),
     (r"^test_broadcast_fn_map2?$", r"map2?_ is only implemented on CPU tensors", _MAP),
     (r"^test_addbmm_bfloat16$", r"RuntimeError not raised", _BF16_BLAS),
-    (r"int4", r"Could not run 'aten::_convert_weight_to_int4pack'", _INT4),
+    (r"int4", r"aten::_(convert_weight_to_int4pack|weight_int4pack_mm)\b", _INT4),
     (r"^test_transformerencoderlayer_(float|double|half|bfloat)", r"False is not true",
      _FAST_PATH),
     (r"^test_upsamplingBiMode2d_nonsupported_dtypes_.*_mode_bi(linear|cubic)_(uint8_)?uint8$",
