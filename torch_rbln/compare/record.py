@@ -3,7 +3,7 @@ compare it later with another run's (``python -m torch_rbln.compare A B``).
 
 It sees what a compare region sees (``observe.py``), on any device (cpu, rbln, cuda), and
 keeps, per op and per module call, a device-neutral summary of each floating result
-(``stats.summary``: min, max, NaN/Inf count, 64 elements at fixed positions), and with
+(``stats.summaries``: min, max, NaN/Inf count, 64 elements at fixed positions), and with
 ``tensors=True`` the results themselves. No golden run; a module output that is its last op's
 result is summarized once.
 
@@ -19,16 +19,17 @@ The directory::
     samples.f32     the sampled elements, float32 little-endian, at each output's offset
     tensors/        op-<seq>.pt, module-<seq>.pt: the results as CPU tensors (torch.save)
 
-Lines are written as the run goes, so a run that fails keeps what it recorded.
+Lines are written in batches as the run goes (``Recorder``) and at the region's exit, also
+when it exits by an exception, so a run that fails keeps what it recorded.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +38,65 @@ import torch
 from ..version import __version__
 from . import golden as gold
 from . import region, stats
-from .observe import Observer, Region, storage_key, tensors_of
+from ..user_frames import site_text
+from .observe import Observer, Region, tensors_of
 
 FORMAT = "torch_rbln.compare.record/1"
 
 
+HOLD = 1 << 24      # elements of results held for their summaries before they are taken
+
+_str = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii
+
+
 def _floating(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x] if x.is_floating_point() else []
     return [t for t in tensors_of(x) if t.is_floating_point()]
 
 
+def _any_floating(args, kwargs) -> bool:
+    """Does an op read a floating tensor? (An op's operands are tensors, lists of them and
+    plain values.)"""
+    for vs in (args, kwargs.values()):
+        for v in vs:
+            if isinstance(v, torch.Tensor):
+                if v.is_floating_point():
+                    return True
+            elif isinstance(v, (list, tuple)):
+                if any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in v):
+                    return True
+    return False
+
+
+def _s(v) -> str:
+    return "null" if v is None else _str(v)
+
+
+def _i(v) -> str:
+    return "null" if v is None else str(int(v))
+
+
+def _num(v: float) -> str:
+    return json.dumps(v) if not math.isfinite(v) else repr(v)
+
+
+def _row(t: torch.Tensor, summary: dict, at: int, n: int) -> str:
+    return (f'{{"shape": {list(t.shape)}, "dtype": "{region.dtype_name(t.dtype)}", '
+            f'"numel": {summary["numel"]}, "min": {_num(summary["min"])}, '
+            f'"max": {_num(summary["max"])}, "nonfinite": {summary["nonfinite"]}, '
+            f'"sample": [{at}, {n}]}}')
+
+
 class Recorder(Region):
-    """A record region; use as ``with torch.rbln.compare.record(path):``."""
+    """A record region; use as ``with torch.rbln.compare.record(path):``.
+
+    Each result is reduced as it is made (``stats.reduce``: min, max and samples, while it is in
+    cache) and held; what is held is read back and written in batches (``stats.summaries``):
+    before an op writes memory (a result's values are as they were made), when :data:`HOLD`
+    elements are held, and when the region closes, also by an exception."""
+
+    module_kwargs = False
 
     def __init__(self, path, tensors: bool = False):
         self.path = Path(path)
@@ -59,7 +108,15 @@ class Recorder(Region):
         self._dtypes: set = set()
         self._modules = 0
         self._lock = threading.Lock()
-        self._last: dict[int, tuple] = {}   # id -> (weakref, memory, writes, summary)
+        # ("op", Op, slots) | ("module", seq, Call, ops_to, slots), in the order they finished;
+        # a slot per distinct result held: id(result) -> slot, and the result, its host view
+        # and its reduction by slot
+        self._held: list = []
+        self._slot: dict[int, int] = {}
+        self._results: list = []
+        self._hosts: list = []
+        self._reduced: list = []
+        self._held_numel = 0
         self.count = {"ops": 0, "modules": 0}
 
     # lifecycle ------------------------------------------------------------------------------
@@ -76,13 +133,18 @@ class Recorder(Region):
         self._offset = 0
 
     def _close(self) -> None:
-        if self._samples is not None:
-            self._samples.close()
-            self._samples = None
-        if self._index is not None:
-            self._index.close()
-            self._index = None
-            self._write_meta()
+        try:
+            if self._index is not None and self._held:
+                self._take()
+        finally:
+            self._held, self._slot, self._results, self._hosts, self._reduced = [], {}, [], [], []
+            if self._samples is not None:
+                self._samples.close()
+                self._samples = None
+            if self._index is not None:
+                self._index.close()
+                self._index = None
+                self._write_meta()
 
     def _write_meta(self) -> None:
         meta = {"format": FORMAT, "torch": torch.__version__, "torch_rbln": __version__,
@@ -93,17 +155,17 @@ class Recorder(Region):
 
     # the sink -------------------------------------------------------------------------------
     def op_before(self, func, args, kwargs, wpos, wkw):
-        return True if any(t.is_floating_point() for t in tensors_of((args, kwargs))) else None
+        return True if _any_floating(args, kwargs) else None
+
+    def op_writes(self) -> None:
+        if self._held:
+            self._take()
 
     def op_after(self, info, func, args, kwargs, out, token) -> None:
         outs = _floating(out)
-        if not outs:
-            return
-        entry = {"kind": "op", "seq": info.seq, "op": info.op, "phase": info.phase,
-                 "route": info.route, "module": info.module, "module_call": info.module_call,
-                 "index": info.index, "node": info.node, "at": info.site}
-        self._write(entry, outs, f"op-{info.seq}.pt")
-        self.count["ops"] += 1
+        if outs:
+            self.count["ops"] += 1
+            self._hold(["op", info], outs)
 
     def module_before(self, call, args, kwargs, outermost: bool):
         return self._obs.seq if self._obs is not None else 0
@@ -114,47 +176,69 @@ class Recorder(Region):
             return
         seq = self._modules
         self._modules += 1
-        entry = {"kind": "module", "seq": seq, "path": call.path, "class": call.cls,
-                 "call": call.call, "at": call.site, "ops_from": call.token,
-                 "ops_to": self._obs.seq if self._obs is not None else 0}
-        self._write(entry, outs, f"module-{seq}.pt")
         self.count["modules"] += 1
+        with self._obs.pause():
+            self._hold(["module", seq, call, self._obs.seq], outs)
 
-    def _summary(self, t: torch.Tensor, h: torch.Tensor) -> tuple[dict, bytes]:
-        """``stats.summary`` of ``t`` (``h``: its host view), reused while nothing wrote it."""
-        key = storage_key(t)
-        writes = self._obs.writes.get(key, 0) if self._obs is not None else 0
-        last = self._last.get(id(t))
-        if last is not None and last[0]() is t and last[1:3] == (key, writes):
-            return last[3]
-        got = stats.summary(h)
-        try:
-            self._last[id(t)] = (weakref.ref(t, lambda _, i=id(t), d=self._last: d.pop(i, None)),
-                                 key, writes, got)
-        except TypeError:
-            pass
-        return got
+    def _hold(self, item: list, outs: list) -> None:
+        slots = []
+        for t in outs:
+            i = self._slot.get(id(t))
+            if i is None:       # a module output is often its last op's result: reduced once
+                i = self._slot[id(t)] = len(self._results)
+                h = gold.host(t) if t.device.type == "rbln" else t.detach()
+                self._results.append(t)
+                self._hosts.append(h)
+                self._reduced.append(stats.reduce(h))
+                self._held_numel += t.numel()
+            slots.append(i)
+        item.append(slots)
+        self._held.append(item)
+        if self._held_numel > HOLD:
+            self._take()
 
-    def _write(self, entry: dict, outs: list, name: str) -> None:
-        hosts = [gold.host(t) if t.device.type == "rbln" else t.detach() for t in outs]
-        rows, samples = [], []
-        for t, h in zip(outs, hosts):
-            summary, sample = self._summary(t, h)
-            rows.append({"shape": list(t.shape), "dtype": region.dtype_name(t.dtype),
-                         **summary, "sample": len(sample) // 4})
-            samples.append(sample)
+    def _take(self) -> None:
+        """Read back what is held and write its lines."""
+        items, ts, hosts = self._held, self._results, self._hosts
+        got = stats.summaries(hosts, self._reduced)
+        self._held, self._slot, self._results, self._hosts, self._reduced = [], {}, [], [], []
+        self._held_numel = 0
+        for t in ts:
             self._devices.add(t.device.type)
             self._dtypes.add(region.dtype_name(t.dtype))
-        if self.tensors:
-            torch.save([h.cpu().clone() for h in hosts], self.path / "tensors" / name)
-            entry["tensors"] = name
+        lines, samples = [], []
+        for item in items:
+            rows = []
+            for i in item[-1]:
+                summary, sample = got[i]
+                n = len(sample) // 4
+                rows.append(_row(ts[i], summary, self._offset, n))
+                self._offset += n
+                samples.append(sample)
+            outputs = ", ".join(rows)
+            if item[0] == "op":
+                info = item[1]
+                line = (f'{{"kind": "op", "seq": {info.seq}, "op": {_str(info.op)}, '
+                        f'"phase": "{info.phase}", "route": {_str(info.route)}, '
+                        f'"module": {_s(info.module)}, "module_call": {_i(info.module_call)}, '
+                        f'"index": {info.index}, "node": {_s(info.node)}, '
+                        f'"at": {_s(site_text(info.site))}, "outputs": [{outputs}]')
+                name = f"op-{info.seq}.pt"
+            else:
+                _, seq, call, ops_to, _ = item
+                line = (f'{{"kind": "module", "seq": {seq}, "path": {_str(call.path)}, '
+                        f'"class": {_str(call.cls)}, "call": {call.call}, '
+                        f'"at": {_s(site_text(call.site))}, "ops_from": {_i(call.token)}, '
+                        f'"ops_to": {ops_to}, "outputs": [{outputs}]')
+                name = f"module-{seq}.pt"
+            if self.tensors:
+                torch.save([hosts[i].cpu().clone() for i in item[-1]],
+                           self.path / "tensors" / name)
+                line += f', "tensors": "{name}"'
+            lines.append(line + "}\n")
         with self._lock:
-            for row, sample in zip(rows, samples):
-                row["sample"] = [self._offset, row["sample"]]
-                self._offset += row["sample"][1]
-                self._samples.write(sample)
-            entry["outputs"] = rows
-            self._index.write(json.dumps(entry) + "\n")
+            self._samples.write(b"".join(samples))
+            self._index.write("".join(lines))
 
 
 def record(path, tensors: bool = False) -> Recorder:

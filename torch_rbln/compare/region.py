@@ -19,6 +19,7 @@ import time
 import torch
 
 from .. import tolerances
+from ..user_frames import site_text
 from . import golden as gold
 from . import hints, report, stats
 from .observe import Observer, Region, tensors_of
@@ -179,6 +180,10 @@ class RBLNCompare(Region):
     def module_before(self, call, args, kwargs, outermost: bool):
         if not self.check_modules:
             return None
+        with self._obs.pause():
+            return self._module_before(call, args, kwargs, outermost)
+
+    def _module_before(self, call, args, kwargs, outermost: bool):
         if _random(call.module):
             self._skips.module("random (dropout in training mode)")
             return None
@@ -194,6 +199,10 @@ class RBLNCompare(Region):
     def module_after(self, call, args, kwargs, output) -> None:
         if call.token is None:
             return
+        with self._obs.pause():
+            self._module_after(call, args, kwargs, output)
+
+    def _module_after(self, call, args, kwargs, output) -> None:
         last = self._last_op
         if last is not None and last[0] == call.first_seq == self._obs.seq - 1 and \
                 [id(t) for t in tensors_of(output)] == last[1]:
@@ -257,6 +266,8 @@ class RBLNCompare(Region):
         if self._state == "new":
             raise RuntimeError("region was never run -- use it as a with-block")
         if self._dump is None:
+            for e in (*self._ops, *self._modules):      # call sites are named when read
+                e["at"] = site_text(e["at"])
             self._dump = report.build(
                 reference=f"golden {dtype_name(self.golden)} on the host",
                 tolerances=self.tol.table(sorted(self._dtypes, key=str)),
