@@ -44,7 +44,7 @@ from .observe import Observer, Region, tensors_of
 FORMAT = "torch_rbln.compare.record/1"
 
 
-HOLD = 1 << 24      # elements of results held for their summaries before they are taken
+BATCH = 1024        # entries whose lines are written together
 
 _str = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii
 
@@ -81,20 +81,12 @@ def _num(v: float) -> str:
     return json.dumps(v) if not math.isfinite(v) else repr(v)
 
 
-def _row(t: torch.Tensor, summary: dict, at: int, n: int) -> str:
-    return (f'{{"shape": {list(t.shape)}, "dtype": "{region.dtype_name(t.dtype)}", '
-            f'"numel": {summary["numel"]}, "min": {_num(summary["min"])}, '
-            f'"max": {_num(summary["max"])}, "nonfinite": {summary["nonfinite"]}, '
-            f'"sample": [{at}, {n}]}}')
-
-
 class Recorder(Region):
     """A record region; use as ``with torch.rbln.compare.record(path):``.
 
-    Each result is reduced as it is made (``stats.reduce``: min, max and samples, while it is in
-    cache) and held; what is held is read back and written in batches (``stats.summaries``):
-    before an op writes memory (a result's values are as they were made), when :data:`HOLD`
-    elements are held, and when the region closes, also by an exception."""
+    Each result is summarized as it is made (``stats.reduce``: one pass while it is still in
+    cache; nothing of it is held after), its samples read back and its lines written in
+    batches: every :data:`BATCH` entries and when the region closes, also by an exception."""
 
     module_kwargs = False
 
@@ -108,15 +100,12 @@ class Recorder(Region):
         self._dtypes: set = set()
         self._modules = 0
         self._lock = threading.Lock()
-        # ("op", Op, slots) | ("module", seq, Call, ops_to, slots), in the order they finished;
-        # a slot per distinct result held: id(result) -> slot, and the result, its host view
-        # and its reduction by slot
-        self._held: list = []
-        self._slot: dict[int, int] = {}
-        self._results: list = []
-        self._hosts: list = []
-        self._reduced: list = []
-        self._held_numel = 0
+        # [entry line's head, [(shape, dtype, summary, samples), ...]], in the order they
+        # finished
+        self._pending: list = []
+        # id(result) -> (result, its row) for the last op's results and the module calls that
+        # returned them since: a module output is mostly one of those, summarized once
+        self._recent: dict[int, tuple] = {}
         self.count = {"ops": 0, "modules": 0}
 
     # lifecycle ------------------------------------------------------------------------------
@@ -134,10 +123,10 @@ class Recorder(Region):
 
     def _close(self) -> None:
         try:
-            if self._index is not None and self._held:
-                self._take()
+            if self._index is not None and self._pending:
+                self._write()
         finally:
-            self._held, self._slot, self._results, self._hosts, self._reduced = [], {}, [], [], []
+            self._pending, self._recent = [], {}
             if self._samples is not None:
                 self._samples.close()
                 self._samples = None
@@ -158,14 +147,19 @@ class Recorder(Region):
         return True if _any_floating(args, kwargs) else None
 
     def op_writes(self) -> None:
-        if self._held:
-            self._take()
+        self._recent = {}       # what they hold may change
 
     def op_after(self, info, func, args, kwargs, out, token) -> None:
         outs = _floating(out)
-        if outs:
-            self.count["ops"] += 1
-            self._hold(["op", info], outs)
+        if not outs:
+            return
+        self.count["ops"] += 1
+        self._recent = {}
+        head = (f'{{"kind": "op", "seq": {info.seq}, "op": {_str(info.op)}, '
+                f'"phase": "{info.phase}", "route": {_str(info.route)}, '
+                f'"module": {_s(info.module)}, "module_call": {_i(info.module_call)}, '
+                f'"index": {info.index}, "node": {_s(info.node)}, ')
+        self._add(head, info.site, outs, f"op-{info.seq}.pt")
 
     def module_before(self, call, args, kwargs, outermost: bool):
         return self._obs.seq if self._obs is not None else 0
@@ -177,67 +171,55 @@ class Recorder(Region):
         seq = self._modules
         self._modules += 1
         self.count["modules"] += 1
-        with self._obs.pause():
-            self._hold(["module", seq, call, self._obs.seq], outs)
+        head = (f'{{"kind": "module", "seq": {seq}, "path": {_str(call.path)}, '
+                f'"class": {_str(call.cls)}, "call": {call.call}, '
+                f'"ops_from": {_i(call.token)}, "ops_to": {self._obs.seq}, ')
+        if self.tensors or not all(self._recent.get(id(t), (None,))[0] is t for t in outs):
+            with self._obs.pause():     # reductions (and saves) run torch ops in a hook
+                self._add(head, call.site, outs, f"module-{seq}.pt")
+        else:
+            self._add(head, call.site, outs, None)
 
-    def _hold(self, item: list, outs: list) -> None:
-        slots = []
+    def _add(self, head: str, site: tuple, outs: list, name: str | None) -> None:
+        rows, hosts = [], []
         for t in outs:
-            i = self._slot.get(id(t))
-            if i is None:       # a module output is often its last op's result: reduced once
-                i = self._slot[id(t)] = len(self._results)
+            got = self._recent.get(id(t))
+            if got is None or got[0] is not t:
                 h = gold.host(t) if t.device.type == "rbln" else t.detach()
-                self._results.append(t)
-                self._hosts.append(h)
-                self._reduced.append(stats.reduce(h))
-                self._held_numel += t.numel()
-            slots.append(i)
-        item.append(slots)
-        self._held.append(item)
-        if self._held_numel > HOLD:
-            self._take()
+                hosts.append(h)
+                got = self._recent[id(t)] = (t, (list(t.shape), region.dtype_name(t.dtype),
+                                                 *stats.reduce(h)))
+                self._devices.add(t.device.type)
+                self._dtypes.add(got[1][1])
+            elif self.tensors:
+                hosts.append(gold.host(t) if t.device.type == "rbln" else t.detach())
+            rows.append(got[1])
+        if self.tensors:
+            torch.save([h.cpu().clone() for h in hosts], self.path / "tensors" / name)
+            head += f'"tensors": "{name}", '
+        self._pending.append((head, site, rows))
+        if len(self._pending) >= BATCH:
+            self._write()
 
-    def _take(self) -> None:
-        """Read back what is held and write its lines."""
-        items, ts, hosts = self._held, self._results, self._hosts
-        got = stats.summaries(hosts, self._reduced)
-        self._held, self._slot, self._results, self._hosts, self._reduced = [], {}, [], [], []
-        self._held_numel = 0
-        for t in ts:
-            self._devices.add(t.device.type)
-            self._dtypes.add(region.dtype_name(t.dtype))
-        lines, samples = [], []
-        for item in items:
-            rows = []
-            for i in item[-1]:
-                summary, sample = got[i]
-                n = len(sample) // 4
-                rows.append(_row(ts[i], summary, self._offset, n))
-                self._offset += n
-                samples.append(sample)
-            outputs = ", ".join(rows)
-            if item[0] == "op":
-                info = item[1]
-                line = (f'{{"kind": "op", "seq": {info.seq}, "op": {_str(info.op)}, '
-                        f'"phase": "{info.phase}", "route": {_str(info.route)}, '
-                        f'"module": {_s(info.module)}, "module_call": {_i(info.module_call)}, '
-                        f'"index": {info.index}, "node": {_s(info.node)}, '
-                        f'"at": {_s(site_text(info.site))}, "outputs": [{outputs}]')
-                name = f"op-{info.seq}.pt"
-            else:
-                _, seq, call, ops_to, _ = item
-                line = (f'{{"kind": "module", "seq": {seq}, "path": {_str(call.path)}, '
-                        f'"class": {_str(call.cls)}, "call": {call.call}, '
-                        f'"at": {_s(site_text(call.site))}, "ops_from": {_i(call.token)}, '
-                        f'"ops_to": {ops_to}, "outputs": [{outputs}]')
-                name = f"module-{seq}.pt"
-            if self.tensors:
-                torch.save([hosts[i].cpu().clone() for i in item[-1]],
-                           self.path / "tensors" / name)
-                line += f', "tensors": "{name}"'
-            lines.append(line + "}\n")
+    def _write(self) -> None:
+        """Read back the pending entries' samples and write their lines."""
+        pending, self._pending = self._pending, []
+        got = stats.read_samples([row[3] for _, _, rows in pending for row in rows])
+        lines, i = [], 0
         with self._lock:
-            self._samples.write(b"".join(samples))
+            for head, site, rows in pending:
+                outputs = []
+                for shape, dtype, summary, _ in rows:
+                    n = len(got[i]) // 4
+                    outputs.append(
+                        f'{{"shape": {shape}, "dtype": "{dtype}", "numel": {summary["numel"]}, '
+                        f'"min": {_num(summary["min"])}, "max": {_num(summary["max"])}, '
+                        f'"nonfinite": {summary["nonfinite"]}, "sample": [{self._offset}, {n}]}}')
+                    self._offset += n
+                    i += 1
+                lines.append(f'{head}"at": {_s(site_text(site))}, '
+                             f'"outputs": [{", ".join(outputs)}]}}\n')
+            self._samples.write(b"".join(got))
             self._index.write("".join(lines))
 
 

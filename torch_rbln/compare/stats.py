@@ -63,7 +63,9 @@ _ZERO = {"max_abs": 0.0, "max_rel": 0.0, "worst": 0.0, "outside": 0, "ref_max": 
 def _finite_errors(a: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> dict:
     """The errors of ``a`` against ``r`` where every value of both is finite (a NaN or Inf on
     either side shows in ``max_abs`` or ``ref_max``). NumPy on the host arrays: a call costs
-    a fraction of a tensor op's, and these are a dozen calls per comparison."""
+    a fraction of a tensor op's, and these are a dozen calls per comparison; each pass that
+    can be saved is (the tolerance's ratio is taken over ``atol / rtol + |r|``, a pass less
+    than ``atol + rtol * |r|``)."""
     if not a.size:
         return dict(_ZERO)
     with np.errstate(all="ignore"):
@@ -71,11 +73,14 @@ def _finite_errors(a: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> di
         np.abs(diff, out=diff)
         ref = np.abs(r)
         max_abs, ref_max = float(_max(diff)), float(_max(ref))
-        ratio = np.multiply(ref, rtol)          # |a - r| over atol + rtol * |r|
-        ratio += atol
-        np.divide(diff, ratio, out=ratio)
-        worst = float(_max(ratio))
-        outside = int(np.count_nonzero(ratio > 1)) if worst > 1 else 0
+        if rtol > 0:        # |a - r| / (atol + rtol * |r|) = |a - r| / (atol / rtol + |r|) / rtol
+            ratio = np.add(ref, atol / rtol)
+            np.divide(diff, ratio, out=ratio)
+            worst = float(_max(ratio)) / rtol
+        else:
+            worst = max_abs / atol if atol > 0 else (math.inf if max_abs > 0 else 0.0)
+        # counted exactly where the rounding of either form could matter
+        outside = int(np.count_nonzero(diff > atol + rtol * ref)) if worst > 0.999 else 0
         np.maximum(ref, atol, out=ref)          # |a - r| over max(|r|, atol)
         np.divide(diff, ref, out=ref)
         max_rel = float(_max(ref))
@@ -177,46 +182,44 @@ def _in_memory_order(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.as_strided((n,), (1,)), at     # from its storage offset: where its elements start
 
 
-def reduce(t: torch.Tensor) -> tuple | None:
-    """The kernels of ``t``'s summary, run now (a result just computed is still in cache):
-    ``(min, max, sampled elements)`` as tensors, in ``t``'s dtype, for :func:`summaries` to
-    read later with others; None for an empty tensor."""
-    if t.numel() == 0:
-        return None
+def reduce(t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+    """What a record keeps of ``t`` without ``t``: its finite min and max and its NaN/Inf count,
+    read now, and the elements at :func:`positions`, a small tensor in ``t``'s dtype for
+    :func:`read_samples` to read later with others. One pass over ``t`` in its own dtype where
+    every value is finite (the common case: NaN or Inf show in the min or max; only then a
+    second look), right after it was made (still in cache)."""
+    n = t.numel()
+    if n == 0:
+        return {"numel": 0, "min": 0.0, "max": 0.0, "nonfinite": 0}, None
     x, at = _in_memory_order(t.detach())
-    lo, hi = torch.aminmax(x)       # NaN or Inf show in min or max
-    return lo, hi, x.index_select(0, at)
+    lo, hi = torch.aminmax(x)
+    s = {"numel": n, "min": lo.item(), "max": hi.item(), "nonfinite": 0}
+    if not (math.isfinite(s["min"]) and math.isfinite(s["max"])):
+        s.update(_finite_range(x))
+    return s, x.index_select(0, at)
 
 
-def summaries(ts: list[torch.Tensor], reduced: list | None = None) -> list[tuple[dict, bytes]]:
-    """What a record keeps of each tensor of ``ts`` without the tensor: its finite min and max,
-    its NaN/Inf count, and the elements at :func:`positions` (as float32 bytes). ``reduced``:
-    their :func:`reduce`, where it ran already.
-
-    One pass over each tensor in its own dtype, and everything read back at once. Where every
-    value is finite (the common case) that is all; only a tensor whose min or max is NaN or Inf
-    gets a second look."""
-    if reduced is None:
-        reduced = [reduce(t) for t in ts]
-    out: list = [({"numel": 0, "min": 0.0, "max": 0.0, "nonfinite": 0}, b"")] * len(ts)
+def read_samples(samples: list) -> list[bytes]:
+    """:func:`reduce`'s samples (None: an empty tensor's) as float32 bytes, read back at once."""
+    out = [b""] * len(samples)
     by_device: dict = {}
-    for i, r in enumerate(reduced):
-        if r is not None:
-            by_device.setdefault(r[0].device, []).append(i)
+    for i, x in enumerate(samples):
+        if x is not None:
+            by_device.setdefault(x.device, []).append(i)
     for idx in by_device.values():
-        bounds = torch.stack([v for i in idx for v in reduced[i][:2]])
-        buf = torch.cat([bounds, torch.cat([reduced[i][2] for i in idx])]).float().cpu().numpy()
-        lohi = buf[:2 * len(idx)].tolist()
-        at = 2 * len(idx)
-        for j, i in enumerate(idx):
-            lo, hi = lohi[2 * j], lohi[2 * j + 1]
-            k = reduced[i][2].numel()
-            s = {"numel": ts[i].numel(), "min": lo, "max": hi, "nonfinite": 0}
-            if not (math.isfinite(lo) and math.isfinite(hi)):
-                s.update(_finite_range(ts[i].detach().reshape(-1)))
-            out[i] = (s, buf[at:at + k].tobytes())
+        buf = torch.cat([samples[i] for i in idx]).float().cpu().numpy()
+        at = 0
+        for i in idx:
+            k = samples[i].numel()
+            out[i] = buf[at:at + k].tobytes()
             at += k
     return out
+
+
+def summaries(ts: list[torch.Tensor]) -> list[tuple[dict, bytes]]:
+    """:func:`reduce` of each tensor, its samples read (summary, float32 bytes)."""
+    reduced = [reduce(t) for t in ts]
+    return list(zip((s for s, _ in reduced), read_samples([x for _, x in reduced])))
 
 
 def _finite_range(x: torch.Tensor) -> dict:
