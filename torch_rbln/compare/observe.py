@@ -9,7 +9,8 @@
   route each op took from the events its kernel recorded while it ran: ``device`` (a
   ``device_program``), ``host (reason)`` (a ``cpu_fallback_reason``), ``host`` (a ``host_op``),
   ``copy`` (a dtype conversion by the copy engine), ``-`` (none: a host tensor's op).
-  Passive, it keeps the native warm path serving.
+  Passive, it keeps the native warm path serving; it listens to those kinds only
+  (:data:`ROUTE_EVENTS`), so the native core hands no other event to Python.
 * **Modules.** PyTorch's global forward pre- and post-hooks (``torch.nn.modules.module``),
   registered while the region is open, cover every module called inside it. A module's path
   is its name in the outermost module called (that one is named by its class), and each call
@@ -18,11 +19,15 @@
   end of each module call with autograd recording, the nodes between its outputs and its
   inputs are marked with it in their metadata (innermost module first), so the mark lives
   and dies with the graph.
-* **Call sites** are the innermost user frames (``user_frames.py``), as explain's.
+* **Call sites** are the innermost user frames (``user_frames.py``), as explain's, captured
+  as frames (code and instruction) and named only when a report or a record line is written.
 
 A region (:class:`Region`: ``region.RBLNCompare``, ``record.Recorder``) is the observer's
 sink: it gets ``op_before``/``op_after`` and ``module_before``/``module_after`` for each of
-them. Only one region may be open at a time in the process (the module hooks are global).
+them, and ``op_writes`` before an op writes values into memory. A sink that runs torch work in
+a module hook does it under :meth:`Observer.pause` (inside ``op_before``/``op_after`` the
+dispatch mode is already off). Only one region may be open at a time in the process (the
+module hooks are global).
 """
 
 from __future__ import annotations

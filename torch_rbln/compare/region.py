@@ -153,7 +153,7 @@ class RBLNCompare(Region):
             return None
 
     def op_after(self, info, func, args, kwargs, out, token) -> None:
-        checked = self._check(self._skips.op, gold.op_fn(func), *token, out, keep=True)
+        checked = self._check(self._skips.op, gold.op_fn(func), *token, out)
         if checked is None:
             return
         e, pairs = checked
@@ -220,7 +220,7 @@ class RBLNCompare(Region):
         except gold.NotCopyable:
             self._skips.module("module not copyable")
             return
-        checked = self._check(self._skips.module, g, g_args, g_kwargs, output, keep=False)
+        checked = self._check(self._skips.module, g, g_args, g_kwargs, output)
         if checked is not None:
             self._module_entry(call, checked[0], checked[1][0][0])
 
@@ -235,12 +235,12 @@ class RBLNCompare(Region):
                          or self._bad_hints.get(call.first_bad)) if entry["diverged"] else None
         self._modules.append(entry)
 
-    def _check(self, skip, fn, args, kwargs, actual, keep: bool):
+    def _check(self, skip, fn, args, kwargs, actual):
         """``(errors, pairs)`` of ``actual`` against ``fn`` run on the golden inputs (timed as
         the golden work), or None where there is nothing to compare: the golden run failed (no
         host kernel, a module that does not run on the host; counted under the error's type)
-        or no result is floating. ``keep``: the widened results are kept for the ops that read
-        them next."""
+        or no result is floating. The widened results are kept for the ops that read them next
+        (a module's output is mostly its last op's result, widened already)."""
         t0 = time.perf_counter_ns()
         try:
             with torch.no_grad():
@@ -256,7 +256,7 @@ class RBLNCompare(Region):
             return None
         atol, rtol = self.tol.of(pairs[0][0].dtype)
         w = self._widener
-        got = [w.tensor(a) if keep else gold.widen(a, self.golden) for a, _ in pairs]
+        got = [w.tensor(a) for a, _ in pairs]
         return stats.errors(got, [g for _, g in pairs], atol, rtol), pairs
 
     # reading --------------------------------------------------------------------------------

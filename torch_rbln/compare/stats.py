@@ -19,6 +19,7 @@ both sides hold as finite numbers:
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -60,31 +61,69 @@ _ZERO = {"max_abs": 0.0, "max_rel": 0.0, "worst": 0.0, "outside": 0, "ref_max": 
          "cosine": 1.0}
 
 
+CHUNK = 1 << 15     # elements per block of the error passes: their temporaries stay in cache
+_scratch = threading.local()
+
+
+def _blocks(dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Three scratch blocks of ``min(n, CHUNK)`` elements of ``dtype`` (this thread's, reused:
+    no allocation per comparison)."""
+    key = np.dtype(dtype).str
+    have = getattr(_scratch, key, None)
+    if have is None or have[0].size < min(n, CHUNK):
+        have = tuple(np.empty(min(max(n, 4096), CHUNK), dtype) for _ in range(3))
+        setattr(_scratch, key, have)
+    return have
+
+
 def _finite_errors(a: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> dict:
     """The errors of ``a`` against ``r`` where every value of both is finite (a NaN or Inf on
-    either side shows in ``max_abs`` or ``ref_max``). NumPy on the host arrays: a call costs
-    a fraction of a tensor op's, and these are a dozen calls per comparison; each pass that
-    can be saved is (the tolerance's ratio is taken over ``atol / rtol + |r|``, a pass less
-    than ``atol + rtol * |r|``)."""
-    if not a.size:
+    either side shows in ``max_abs`` or ``ref_max``).
+
+    NumPy on the host arrays, a block of :data:`CHUNK` elements at a time: each pass over a
+    block (``|a - r|``, ``|r|``, the two ratios, their maxima, the three dot products for the
+    cosine) reads what the last one left in cache, and the temporaries are scratch blocks, so
+    a large result is read from memory about once instead of a dozen times. The tolerance's
+    ratio is taken over ``atol / rtol + |r|`` (a pass less than ``atol + rtol * |r|``)."""
+    n = a.size
+    if not n:
         return dict(_ZERO)
+    diff_b, ref_b, tmp_b = _blocks(a.dtype, n)
+    blocks = range(0, n, CHUNK)
+    peaks = np.zeros((len(blocks), 4), a.dtype)    # max |a - r|, max |r|, the two ratios
+    dots = np.empty((len(blocks), 3))              # a.r, a.a, r.r
+    c = atol / rtol if rtol > 0 else 0.0
+    outside = 0
     with np.errstate(all="ignore"):
-        diff = np.subtract(a, r)
-        np.abs(diff, out=diff)
-        ref = np.abs(r)
-        max_abs, ref_max = float(_max(diff)), float(_max(ref))
-        if rtol > 0:        # |a - r| / (atol + rtol * |r|) = |a - r| / (atol / rtol + |r|) / rtol
-            ratio = np.add(ref, atol / rtol)
-            np.divide(diff, ratio, out=ratio)
-            worst = float(_max(ratio)) / rtol
+        for j, i in enumerate(blocks):
+            ab, rb = a[i:i + CHUNK], r[i:i + CHUNK]
+            k = ab.size
+            diff = np.subtract(ab, rb, out=diff_b[:k])
+            np.abs(diff, out=diff)
+            ref = np.abs(rb, out=ref_b[:k])
+            peak = peaks[j]
+            peak[0], peak[1] = _max(diff), _max(ref)
+            if rtol > 0:    # |a - r| / (atol + rtol * |r|) = |a - r| / (atol / rtol + |r|) / rtol
+                ratio = np.add(ref, c, out=tmp_b[:k])
+                peak[2] = _max(np.divide(diff, ratio, out=ratio))
+                near = peak[2] / rtol > 0.999
+            else:
+                near = peak[0] > 0.999 * atol
+            if near:        # elements may lie outside: counted as the tolerance reads
+                bound = np.multiply(ref, rtol, out=tmp_b[:k])
+                bound += atol
+                outside += int(np.count_nonzero(diff > bound))
+            np.maximum(ref, atol, out=ref)      # |a - r| over max(|r|, atol)
+            peak[3] = _max(np.divide(diff, ref, out=ref))
+            dots[j] = np.dot(ab, rb), np.dot(ab, ab), np.dot(rb, rb)
+        max_abs, ref_max, ratio_max, max_rel = (float(v) for v in _max(peaks, axis=0))
+        if max_abs == 0:        # equal (an exact op: a conversion up, a negation): no error
+            return {**_ZERO, "ref_max": ref_max}
+        if rtol > 0:
+            worst = ratio_max / rtol
         else:
-            worst = max_abs / atol if atol > 0 else (math.inf if max_abs > 0 else 0.0)
-        # counted exactly where the rounding of either form could matter
-        outside = int(np.count_nonzero(diff > atol + rtol * ref)) if worst > 0.999 else 0
-        np.maximum(ref, atol, out=ref)          # |a - r| over max(|r|, atol)
-        np.divide(diff, ref, out=ref)
-        max_rel = float(_max(ref))
-        dot, aa, rr = float(np.dot(a, r)), float(np.dot(a, a)), float(np.dot(r, r))
+            worst = max_abs / atol if atol > 0 else math.inf
+        dot, aa, rr = (float(v) for v in dots.sum(axis=0))
         if not math.isfinite(aa * rr):          # squares beyond the dtype's range
             a64, r64 = a.astype(np.float64), r.astype(np.float64)
             dot, aa, rr = float(np.dot(a64, r64)), float(np.dot(a64, a64)), \
