@@ -265,7 +265,7 @@ class Observer(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         if wpos or wkw:
-            if values:      # before the count moves: what the sink holds is read as it was
+            if values:      # what the sink kept of these operands' values is stale now
                 self.sink.op_writes()
             self._wrote(args, kwargs, wpos, wkw)
         if kind == _PASS or self.paused or (kind == _CONVERT and not _converts(args, kwargs)):
@@ -290,12 +290,13 @@ class Observer(TorchDispatchMode):
                     k = storage_key(t)
                     self.writes[k] = self.writes.get(k, 0) + 1
 
-    def _site(self) -> tuple:
-        """The call site of the op being dispatched (``user_frames.site_frames``). Ops come in
-        runs from one user frame (a forward's lines): its callers' part is taken once per run,
-        as a frame's callers do not change while it runs (a generator's may: walked each
-        time)."""
-        f = sys._getframe(2).f_back     # _site <- _op_info <- __torch_dispatch__ <- the op's
+    def _site(self, f=None) -> tuple:
+        """The call site (``user_frames.site_frames``) from frame ``f`` outwards (default: the
+        caller of the op being dispatched). Ops and module calls come in runs from one user
+        frame (a forward's lines): its callers' part is taken once per run, as a frame's
+        callers do not change while it runs (a generator's may: walked each time)."""
+        if f is None:       # _site <- _op_info <- __torch_dispatch__ <- the op's caller
+            f = sys._getframe(2).f_back
         while f is not None and is_library(f.f_code.co_filename):
             f = f.f_back
         if f is None:
@@ -353,7 +354,7 @@ class Observer(TorchDispatchMode):
         path = self._path(module)
         n = self.calls.get(path, 0)
         self.calls[path] = n + 1
-        call = Call(module, path, type(module).__name__, n, site_frames(f, DEPTH), self.seq)
+        call = Call(module, path, type(module).__name__, n, self._site(f), self.seq)
         call.token = self.sink.module_before(call, args, kwargs, outermost=not self.stack)
         self.stack.append(call)
         return None

@@ -69,6 +69,16 @@ def _any_floating(args, kwargs) -> bool:
     return False
 
 
+_dtype_names: dict = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = region.dtype_name(dtype)
+    return name
+
+
 def _s(v) -> str:
     return "null" if v is None else _str(v)
 
@@ -187,7 +197,7 @@ class Recorder(Region):
             if got is None or got[0] is not t:
                 h = gold.host(t) if t.device.type == "rbln" else t.detach()
                 hosts.append(h)
-                got = self._recent[id(t)] = (t, (list(t.shape), region.dtype_name(t.dtype),
+                got = self._recent[id(t)] = (t, (list(t.shape), _dtype_name(t.dtype),
                                                  *stats.reduce(h)))
                 self._devices.add(t.device.type)
                 self._dtypes.add(got[1][1])

@@ -239,13 +239,14 @@ def reduce(t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
 
 
 def read_samples(samples: list) -> list[bytes]:
-    """:func:`reduce`'s samples (None: an empty tensor's) as float32 bytes, read back at once."""
+    """:func:`reduce`'s samples (None: an empty tensor's) as float32 bytes, read back at once
+    (joined per device and dtype: joining mixed dtypes takes a slow path)."""
     out = [b""] * len(samples)
-    by_device: dict = {}
+    groups: dict = {}
     for i, x in enumerate(samples):
         if x is not None:
-            by_device.setdefault(x.device, []).append(i)
-    for idx in by_device.values():
+            groups.setdefault((x.device, x.dtype), []).append(i)
+    for idx in groups.values():
         buf = torch.cat([samples[i] for i in idx]).float().cpu().numpy()
         at = 0
         for i in idx:
