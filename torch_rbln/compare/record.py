@@ -3,7 +3,7 @@ compare it later with another run's (``python -m torch_rbln.compare A B``).
 
 It sees what a compare region sees (``observe.py``), on any device (cpu, rbln, cuda), and
 keeps, per op and per module call, a device-neutral summary of each floating result
-(``stats.summaries``: min, max, NaN/Inf count, 64 elements at fixed positions), and with
+(``stats.reduce``: min, max, NaN/Inf count, 64 elements at fixed positions), and with
 ``tensors=True`` the results themselves. No golden run; a module output that is its last op's
 result is summarized once.
 

@@ -256,23 +256,12 @@ def read_samples(samples: list) -> list[bytes]:
     return out
 
 
-def summaries(ts: list[torch.Tensor]) -> list[tuple[dict, bytes]]:
-    """:func:`reduce` of each tensor, its samples read (summary, float32 bytes)."""
-    reduced = [reduce(t) for t in ts]
-    return list(zip((s for s, _ in reduced), read_samples([x for _, x in reduced])))
-
-
 def _finite_range(x: torch.Tensor) -> dict:
     """The min and max of ``x``'s finite values and its NaN/Inf count."""
     fin = torch.isfinite(x)
     xs = x[fin]
     lo, hi = torch.stack([xs.min(), xs.max()]).tolist() if xs.numel() else (0.0, 0.0)
     return {"min": lo, "max": hi, "nonfinite": x.numel() - xs.numel()}
-
-
-def summary(t: torch.Tensor) -> tuple[dict, bytes]:
-    """:func:`summaries` of one tensor."""
-    return summaries([t])[0]
 
 
 def sampled_errors(a: dict, r: dict, sample_a: torch.Tensor, sample_r: torch.Tensor,
