@@ -69,7 +69,7 @@ def main() -> None:
         with torch.rbln.compare.record(tmp / f"run{next(runs)}"):
             forward()
 
-    compared()          # the first region builds the golden copy of the model: not timed
+    compared()          # warm-up (each region builds its own golden copy of the model)
     variants = {"no region": plain, "compare()": compared, "record() (statistics)": recorded}
     golden.clear()
     wall, cpu = interleave(variants, args.reps)

@@ -18,7 +18,7 @@ import torch
 
 from conftest import ROOT, clean_env
 from torch_rbln import events, tolerances
-from torch_rbln.compare import offline, testing
+from torch_rbln.compare import load, offline, stats, testing
 from torch_rbln.compare.__main__ import main as cli
 
 
@@ -213,6 +213,55 @@ def test_record_and_cli_cpu_fp32_against_rbln_fp16_find_the_live_first_divergenc
     assert cli([str(a), str(tmp_path / "missing")]) == 2
     with pytest.raises(FileExistsError, match="not an empty directory"):
         torch.rbln.compare.record(a).__enter__()
+
+
+def test_a_record_keeps_each_result_as_it_was_made_in_any_layout(tmp_path):
+    """Results are reduced as they are made and written in batches: a result an op writes
+    later in place, and results in other layouts (a transpose, a slice), are recorded as the
+    CPU computes them."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 48)
+
+    def run(t):
+        y = t * 2                       # written in place next: recorded before that
+        y.add_(1)
+        z = (t.t() * 3).t()             # a transposed result, read in its own layout
+        return y, z, (t[:, ::2] + 1), torch.relu(t)
+
+    dev = x.half().to("rbln")
+    with torch.rbln.compare.record(tmp_path / "r"):
+        run(dev)
+    rec = load(tmp_path / "r")
+    ops = {(e["op"], i): e for i, e in enumerate(rec.ops)}
+    want = {"aten::mul.Tensor": [x.half() * 2, (x.half().t() * 3)],
+            "aten::add_.Tensor": [x.half() * 2 + 1], "aten::add.Tensor": [x.half()[:, ::2] + 1],
+            "aten::relu": [torch.relu(x.half())]}
+    seen = {}
+    for (op, _), e in sorted(ops.items(), key=lambda kv: kv[0][1]):
+        ref = want[op][seen.get(op, 0)]
+        seen[op] = seen.get(op, 0) + 1
+        out = e["outputs"][0]
+        assert out["shape"] == list(ref.shape) and out["nonfinite"] == 0
+        assert (out["min"], out["max"]) == (ref.min().item(), ref.max().item())
+        pos = stats.positions(ref.numel())
+        assert torch.equal(rec.sample(out), ref.reshape(-1)[pos].float())
+    assert sum(seen.values()) == 5
+
+
+def test_errors_pair_elements_in_any_layout_like_row_major():
+    torch.manual_seed(0)
+    r = torch.randn(64, 48)
+    a = r + 1e-3 * torch.randn(64, 48)
+    a[3, 5] = 7.0
+    want = stats.errors([a.contiguous()], [r.contiguous()], 1e-3, 1e-2)
+    assert want["outside"] >= 1 and want["max_abs"] == pytest.approx(abs(7.0 - r[3, 5].item()))
+    for got in (stats.errors([a.t()], [r.t()], 1e-3, 1e-2),               # one layout
+                stats.errors([a.t().contiguous()], [r.t()], 1e-3, 1e-2),  # two layouts
+                stats.errors([a.half().t()], [r.t()], 1e-3, 1e-2)):       # and a dtype
+        assert got["numel"] == a.numel()
+        assert got["outside"] >= 1 and got["max_abs"] == pytest.approx(want["max_abs"], 1e-3)
+    same = stats.errors([a.t()], [r.t()], 1e-3, 1e-2)
+    assert same == pytest.approx(want)
 
 
 # -- graph mode: the accuracy minifier --------------------------------------------------------

@@ -97,3 +97,38 @@ def test_a_batch_counts_as_its_events_recorded_one_by_one():
                     ("cpu_fallback", "batch-op", 11), ("dispatch", "batch-op", 0),
                     ("graph_node", "batch-node", 3)]
     assert counts() == ([6, 0], [3, 0], [3, 23], [3, 9])
+
+
+def test_a_listener_of_some_kinds_hears_only_those_and_the_rest_is_still_counted():
+    # a compare region listens to the route kinds only: the native core keeps the others in
+    # its counters, and a listener of every kind beside it still hears every event
+    a = torch.full((64,), 2.0, dtype=torch.float16, device=D)
+    b = torch.full((64,), 3.0, dtype=torch.float16, device=D)
+    (a * b).cpu()                                   # warm: the same events again below
+    some, every = [], []
+
+    def hear_some(kind, key, amount):
+        some.append(kind)
+
+    def hear_every(kind, key, amount):
+        every.append(kind)
+
+    def run():
+        n = events.total("dispatch")[0]
+        (a * b).cpu()
+        return events.total("dispatch")[0] - n
+
+    events.listen(hear_some, passive=True, kinds=("device_program", "d2h"))
+    try:
+        pushed = run()          # a dispatch event: counted, not heard
+        assert set(some) == {"device_program", "d2h"} and pushed == 1
+        events.listen(hear_every, passive=True)
+        try:
+            some.clear()
+            assert run() == 1
+        finally:
+            events.unlisten(hear_every)
+    finally:
+        events.unlisten(hear_some)
+    assert set(some) == {"device_program", "d2h"}
+    assert {"dispatch", "device_program", "d2h"} <= set(every)

@@ -72,9 +72,11 @@ KINDS = (
 _counters: dict[str, dict[str, list[int]]] = {k: {} for k in KINDS}
 _lock = threading.Lock()
 
-# the native core's counters: drain() -> [(kind, key, count, amount)], and its listening switch
+# the native core's counters: drain() -> [(kind, key, count, amount)], its listening switch and
+# the kinds it hands to Python while listening
 _native_drain: Callable[[], list] | None = None
 _native_listening: Callable[[bool], None] | None = None
+_native_kinds: Callable[[list], None] | None = None
 
 # Listeners are called as fn(kind, key, amount) after the counter moved. The tuple is
 # replaced, never mutated, so record() can iterate it without a lock.
@@ -82,6 +84,8 @@ _listeners: tuple[Callable[[str, str, int], None], ...] = ()
 # the passive ones among them: they only read events (explain's call-site capture), so the
 # native paths keep serving while only they listen and hand them their events
 _passive: tuple[Callable[[str, str, int], None], ...] = ()
+# (listener, the kinds it wants or None for every kind), replaced with _listeners
+_routes: tuple[tuple[Callable[[str, str, int], None], frozenset | None], ...] = ()
 
 
 def record(kind: str, key: str = "", amount: int = 0) -> None:
@@ -93,9 +97,10 @@ def record(kind: str, key: str = "", amount: int = 0) -> None:
             c = table.setdefault(key, [0, 0])
     c[0] += 1
     c[1] += amount
-    if _listeners:
-        for fn in _listeners:
-            fn(kind, key, amount)
+    if _routes:
+        for fn, kinds in _routes:
+            if kinds is None or kind in kinds:
+                fn(kind, key, amount)
 
 
 class Batch:
@@ -197,18 +202,20 @@ def _fold() -> None:
             c[1] += amount
 
 
-def connect_native(drain: Callable[[], list],
-                   set_listening: Callable[[bool, bool], None]) -> None:
+def connect_native(drain: Callable[[], list], set_listening: Callable[[bool, bool], None],
+                   set_kinds: Callable[[list], None]) -> None:
     """Called once by the runtime when the native core loads: ``set_listening(listening,
     python_path)`` tells it whether events go to Python and whether a listener needs every
-    decision made by the Python kernels."""
-    global _native_drain, _native_listening
-    _native_drain, _native_listening = drain, set_listening
+    decision made by the Python kernels; ``set_kinds(kinds)`` which kinds go (empty: all)."""
+    global _native_drain, _native_listening, _native_kinds
+    _native_drain, _native_listening, _native_kinds = drain, set_listening, set_kinds
     _tell_native()
 
 
 def _tell_native() -> None:
     if _native_listening is not None:
+        wanted = [k for _, kinds in _routes for k in (kinds or ())]
+        _native_kinds(sorted(set(wanted)) if all(k is not None for _, k in _routes) else [])
         _native_listening(bool(_listeners), any(f not in _passive for f in _listeners))
 
 
@@ -228,26 +235,30 @@ def snapshot() -> dict[str, dict[str, list[int]]]:
         return {kind: {key: c[:] for key, c in table.items()} for kind, table in _counters.items()}
 
 
-def listen(fn: Callable[[str, str, int], None], passive: bool = False) -> None:
-    """Call ``fn(kind, key, amount)`` for every event from now on, on the recording thread.
+def listen(fn: Callable[[str, str, int], None], passive: bool = False,
+           kinds=None) -> None:
+    """Call ``fn(kind, key, amount)`` for every event from now on (of ``kinds`` only, where
+    given: the native core keeps the other kinds in its counters), on the recording thread.
 
     A listener may act on an event (the fallback log writes, a guard raises): then every op
     takes its Python kernel, where each decision is made and recorded in order. A ``passive``
     one only reads the events and must not raise: the native paths keep serving while only
     passive listeners are attached, handing them the same events in the same order."""
-    global _listeners, _passive
+    global _listeners, _passive, _routes
     with _lock:
         _listeners = _listeners + (fn,)
         if passive:
             _passive = _passive + (fn,)
+        _routes = _routes + ((fn, None if kinds is None else frozenset(kinds)),)
         _tell_native()
 
 
 def unlisten(fn: Callable[[str, str, int], None]) -> None:
-    global _listeners, _passive
+    global _listeners, _passive, _routes
     with _lock:
         _listeners = tuple(f for f in _listeners if f is not fn)
         _passive = tuple(f for f in _passive if f is not fn)
+        _routes = tuple(r for r in _routes if r[0] is not fn)
         _tell_native()
 
 

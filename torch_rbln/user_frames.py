@@ -66,14 +66,47 @@ def stacklevel() -> int:
     return first_user_frame(sys._getframe(1))[1]
 
 
-def call_site(depth: int = 3) -> str | None:
-    """``file:line(func) <- file:line(func) ...``: the caller's innermost ``depth`` user frames,
-    or None."""
+def site_frames(f, depth: int = 3) -> tuple:
+    """The innermost ``depth`` user frames from frame ``f`` outwards, as ``(code, lasti)``
+    pairs: a call site captured without formatting it (a frame's line number costs a walk of
+    its code's line table), for :func:`site_text` to name when it is read."""
     frames = []
-    f = sys._getframe(1)
     while f is not None and len(frames) < depth:
         code = f.f_code
         if not is_library(code.co_filename):
-            frames.append(f"{code.co_filename}:{f.f_lineno}({code.co_name})")
+            frames.append((code, f.f_lasti))
         f = f.f_back
-    return " <- ".join(frames) if frames else None
+    return tuple(frames)
+
+
+# (id(code), lasti) -> (code, "file:line(func)"); the code is kept, so its id stays its own
+_texts: dict[tuple[int, int], tuple] = {}
+
+
+def _line(code, lasti: int) -> int:
+    """The line of the instruction at byte offset ``lasti`` (what ``frame.f_lineno`` says)."""
+    if lasti >= 0:
+        for start, end, line in code.co_lines():
+            if start <= lasti < end and line is not None:
+                return line
+    return code.co_firstlineno
+
+
+def site_text(frames: tuple) -> str | None:
+    """``file:line(func) <- file:line(func) ...`` of :func:`site_frames`' capture, or None."""
+    if not frames:
+        return None
+    parts = []
+    for code, lasti in frames:
+        hit = _texts.get((id(code), lasti))
+        if hit is None or hit[0] is not code:
+            hit = _texts[(id(code), lasti)] = (
+                code, f"{code.co_filename}:{_line(code, lasti)}({code.co_name})")
+        parts.append(hit[1])
+    return " <- ".join(parts)
+
+
+def call_site(depth: int = 3) -> str | None:
+    """``file:line(func) <- file:line(func) ...``: the caller's innermost ``depth`` user frames,
+    or None."""
+    return site_text(site_frames(sys._getframe(1), depth))

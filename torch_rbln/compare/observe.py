@@ -9,7 +9,8 @@
   route each op took from the events its kernel recorded while it ran: ``device`` (a
   ``device_program``), ``host (reason)`` (a ``cpu_fallback_reason``), ``host`` (a ``host_op``),
   ``copy`` (a dtype conversion by the copy engine), ``-`` (none: a host tensor's op).
-  Passive, it keeps the native warm path serving.
+  Passive, it keeps the native warm path serving; it listens to those kinds only
+  (:data:`ROUTE_EVENTS`), so the native core hands no other event to Python.
 * **Modules.** PyTorch's global forward pre- and post-hooks (``torch.nn.modules.module``),
   registered while the region is open, cover every module called inside it. A module's path
   is its name in the outermost module called (that one is named by its class), and each call
@@ -18,15 +19,20 @@
   end of each module call with autograd recording, the nodes between its outputs and its
   inputs are marked with it in their metadata (innermost module first), so the mark lives
   and dies with the graph.
-* **Call sites** are the innermost user frames (``user_frames.py``), as explain's.
+* **Call sites** are the innermost user frames (``user_frames.py``), as explain's, captured
+  as frames (code and instruction) and named only when a report or a record line is written.
 
 A region (:class:`Region`: ``region.RBLNCompare``, ``record.Recorder``) is the observer's
 sink: it gets ``op_before``/``op_after`` and ``module_before``/``module_after`` for each of
-them. Only one region may be open at a time in the process (the module hooks are global).
+them, and ``op_writes`` before an op writes values into memory. A sink that runs torch work in
+a module hook does it under :meth:`Observer.pause` (inside ``op_before``/``op_after`` the
+dispatch mode is already off). Only one region may be open at a time in the process (the
+module hooks are global).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import weakref
@@ -39,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .. import events
-from ..user_frames import call_site
+from ..user_frames import is_library, site_frames
 
 DEPTH = 3       # user frames per call site, innermost first
 OVERLAP = ("torch.rbln.compare() and record() regions must not overlap (nested or concurrent): "
@@ -64,20 +70,32 @@ OPS_THAT_MOVE = frozenset({
 # conversions: compared only when they change the dtype (a rounding, or an overflow)
 CONVERSIONS = frozenset({"_to_copy", "copy", "_copy_from", "_copy_from_and_resize", "to"})
 
+# in-place ops that write no value (detach_ only unhooks autograd)
+WRITE_NO_VALUE = frozenset({"detach"})
+
+# the events an op's route is read from (the others stay in the native counters)
+ROUTE_EVENTS = ("device_program", "cpu_fallback_reason", "host_op")
+
 _PASS, _CHECK, _CONVERT = 0, 1, 2
+# a generator's or coroutine's code: its frame's callers change between resumptions
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# id(OpOverload) -> (the op, *_kind(op), its name): an op's schema is read once per process
+# (ops live as long as the process; an OpOverload hashes in Python)
+_KINDS: dict = {}
 
 
 def packet(func) -> str:
     return func._schema.name.split("::", 1)[-1].rstrip("_")
 
 
-def _kind(func) -> tuple[int, tuple, tuple]:
-    """``(kind, positions written, keywords written)`` of an op."""
+def _kind(func) -> tuple[int, tuple, tuple, bool]:
+    """``(kind, positions written, keywords written, writes values)`` of an op."""
     schema = func._schema
     written = [(i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments)
                if a.alias_info is not None and a.alias_info.is_write]
-    writes = (tuple(i for i, _, kw in written if not kw), tuple(n for _, n, kw in written if kw))
     name = packet(func)
+    writes = (tuple(i for i, _, kw in written if not kw), tuple(n for _, n, kw in written if kw),
+              bool(written) and name not in WRITE_NO_VALUE)
     if name in CONVERSIONS:
         return _CONVERT, *writes
     if name in OPS_THAT_MOVE or torch.Tag.nondeterministic_seeded in func.tags:
@@ -136,7 +154,7 @@ class Call:
     path: str
     cls: str
     call: int
-    site: str | None
+    site: tuple                     # user_frames.site_frames: site_text names it
     first_seq: int = 0              # the seq the first op inside gets
     token: Any = None
     ops: int = 0                    # forward ops seen inside so far
@@ -153,7 +171,7 @@ class Op:
     module: str | None
     module_call: int | None
     index: int                      # its place among the ops of that module call and phase
-    site: str | None
+    site: tuple                     # user_frames.site_frames: site_text names it
     node: str | None = None         # backward: the autograd node that ran it
     route: str = "-"
 
@@ -186,7 +204,6 @@ class Observer(TorchDispatchMode):
         # memory (storage_key) -> how many ops wrote it while the region was open
         self.writes: dict[int, int] = {}
         self.calls: dict[str, int] = {}
-        self._kinds: dict = {}
         self._names: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = \
             weakref.WeakKeyDictionary()
         self._route: str | None = None
@@ -196,6 +213,12 @@ class Observer(TorchDispatchMode):
         self._entered = False
         self._thread = 0
         self.paused = 0                 # > 0 while a sink runs golden work through modules
+        # the sink reads a module call's keyword arguments (from the call's frame)
+        self._kwargs = getattr(sink, "module_kwargs", True)
+        # the innermost user frame of the last op, and its callers' part of the call site:
+        # while that frame runs, its callers stay the same (see _site)
+        self._site_frame = None
+        self._site_outer: tuple = ()
 
     # lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -205,7 +228,7 @@ class Observer(TorchDispatchMode):
             nn_module.register_module_forward_hook(self._post, with_kwargs=True,
                                                    always_call=True),
         ]
-        events.listen(self._listener, passive=True)
+        events.listen(self._listener, passive=True, kinds=ROUTE_EVENTS)
         self.__enter__()
         self._entered = True
 
@@ -220,6 +243,7 @@ class Observer(TorchDispatchMode):
                 h.remove()
             self._hooks = []
             self.stack.clear()
+            self._site_frame = None
 
     # routes ---------------------------------------------------------------------------------
     def _on_event(self, kind: str, key: str, amount: int) -> None:
@@ -234,21 +258,24 @@ class Observer(TorchDispatchMode):
 
     # ops ------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        known = self._kinds.get(func)
-        if known is None:
-            known = self._kinds[func] = _kind(func)
-        kind, wpos, wkw = known
+        known = _KINDS.get(id(func))
+        if known is None or known[0] is not func:
+            known = _KINDS[id(func)] = (func, *_kind(func), func.name())
+        _, kind, wpos, wkw, values, name = known
+        if kwargs is None:
+            kwargs = {}
         if wpos or wkw:
+            if values:      # what the sink kept of these operands' values is stale now
+                self.sink.op_writes()
             self._wrote(args, kwargs, wpos, wkw)
         if kind == _PASS or self.paused or (kind == _CONVERT and not _converts(args, kwargs)):
-            return func(*args, **kwargs)
+            return func._op(*args, **kwargs)
         token = self.sink.op_before(func, args, kwargs, wpos, wkw)
         if token is None:
-            return func(*args, **kwargs)
-        info = self._op_info(func)
+            return func._op(*args, **kwargs)
+        info = self._op_info(name)
         self._route = None
-        out = func(*args, **kwargs)
+        out = func._op(*args, **kwargs)
         info.route = self._route or ("copy" if kind == _CONVERT else "-")
         self.sink.op_after(info, func, args, kwargs, out, token)
         return out
@@ -263,11 +290,28 @@ class Observer(TorchDispatchMode):
                     k = storage_key(t)
                     self.writes[k] = self.writes.get(k, 0) + 1
 
-    def _op_info(self, func) -> Op:
+    def _site(self, f=None) -> tuple:
+        """The call site (``user_frames.site_frames``) from frame ``f`` outwards (default: the
+        caller of the op being dispatched). Ops and module calls come in runs from one user
+        frame (a forward's lines): its callers' part is taken once per run, as a frame's
+        callers do not change while it runs (a generator's may: walked each time)."""
+        if f is None:       # _site <- _op_info <- __torch_dispatch__ <- the op's caller
+            f = sys._getframe(2).f_back
+        while f is not None and is_library(f.f_code.co_filename):
+            f = f.f_back
+        if f is None:
+            return ()
+        if f is not self._site_frame:
+            outer = site_frames(f.f_back, DEPTH - 1)
+            if f.f_code.co_flags & _SUSPENDS:
+                return ((f.f_code, f.f_lasti), *outer)
+            self._site_frame, self._site_outer = f, outer
+        return ((f.f_code, f.f_lasti), *self._site_outer)
+
+    def _op_info(self, name: str) -> Op:
         node = torch._C._current_autograd_node()
         seq = self.seq
         self.seq += 1
-        name = func.name()
         if node is None:
             call = self.stack[-1] if self.stack else None
             index = 0
@@ -275,7 +319,7 @@ class Observer(TorchDispatchMode):
                 index = call.ops
                 call.ops += 1
             return Op(seq, name, "forward", call.path if call else None,
-                      call.call if call else None, index, call_site(DEPTH))
+                      call.call if call else None, index, self._site())
         owner, call = node.metadata.get(NODE_KEY, (None, None))
         if owner is not self:
             call = None
@@ -285,7 +329,7 @@ class Observer(TorchDispatchMode):
             call.backward_ops += 1
         return Op(seq, name, "backward", call.path if call else None,
                   call.call if call else None, index,
-                  call.site if call else call_site(DEPTH), node=type(node).__name__)
+                  call.site if call else self._site(), node=type(node).__name__)
 
     # modules --------------------------------------------------------------------------------
     def _path(self, module: torch.nn.Module) -> str:
@@ -305,13 +349,13 @@ class Observer(TorchDispatchMode):
     def _pre(self, module, args):
         if self.paused or threading.get_ident() != self._thread:
             return None
-        kwargs = _kwargs_of_call(sys._getframe(1))
+        f = sys._getframe(1)
+        kwargs = _kwargs_of_call(f) if self._kwargs else None
         path = self._path(module)
         n = self.calls.get(path, 0)
         self.calls[path] = n + 1
-        call = Call(module, path, type(module).__name__, n, call_site(DEPTH), self.seq)
-        with self._paused():
-            call.token = self.sink.module_before(call, args, kwargs, outermost=not self.stack)
+        call = Call(module, path, type(module).__name__, n, self._site(f), self.seq)
+        call.token = self.sink.module_before(call, args, kwargs, outermost=not self.stack)
         self.stack.append(call)
         return None
 
@@ -331,8 +375,7 @@ class Observer(TorchDispatchMode):
             return None
         if torch.is_grad_enabled():
             self._map_nodes(call, args, kwargs, output)
-        with self._paused():
-            self.sink.module_after(call, args, kwargs, output)
+        self.sink.module_after(call, args, kwargs, output)
         return None
 
     def _map_nodes(self, call: Call, args, kwargs, output) -> None:
@@ -355,7 +398,9 @@ class Observer(TorchDispatchMode):
                 if nxt is not None:
                     todo.append(nxt)
 
-    def _paused(self):
+    def pause(self):
+        """A context in which a sink's work inside a module hook (golden runs, summaries) is
+        seen neither by the dispatch mode nor by the module hooks."""
         return _Paused(self)
 
 
@@ -390,6 +435,10 @@ class Region:
     ``_close()`` after it stopped (also when opening failed)."""
 
     _obs: Observer | None = None
+    module_kwargs = True        # module_before reads the call's keyword arguments
+
+    def op_writes(self) -> None:
+        """An op is about to write values into memory (its operands marked ``!``)."""
 
     def __enter__(self):
         global _active

@@ -3,7 +3,7 @@ compare it later with another run's (``python -m torch_rbln.compare A B``).
 
 It sees what a compare region sees (``observe.py``), on any device (cpu, rbln, cuda), and
 keeps, per op and per module call, a device-neutral summary of each floating result
-(``stats.summary``: min, max, NaN/Inf count, 64 elements at fixed positions), and with
+(``stats.reduce``: min, max, NaN/Inf count, 64 elements at fixed positions), and with
 ``tensors=True`` the results themselves. No golden run; a module output that is its last op's
 result is summarized once.
 
@@ -19,16 +19,17 @@ The directory::
     samples.f32     the sampled elements, float32 little-endian, at each output's offset
     tensors/        op-<seq>.pt, module-<seq>.pt: the results as CPU tensors (torch.save)
 
-Lines are written as the run goes, so a run that fails keeps what it recorded.
+Lines are written in batches as the run goes (``Recorder``) and at the region's exit, also
+when it exits by an exception, so a run that fails keeps what it recorded.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +38,67 @@ import torch
 from ..version import __version__
 from . import golden as gold
 from . import region, stats
-from .observe import Observer, Region, storage_key, tensors_of
+from ..user_frames import site_text
+from .observe import Observer, Region, tensors_of
 
 FORMAT = "torch_rbln.compare.record/1"
 
 
+BATCH = 1024        # entries whose lines are written together
+
+_str = json.encoder.c_encode_basestring_ascii or json.encoder.py_encode_basestring_ascii
+
+
 def _floating(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x] if x.is_floating_point() else []
     return [t for t in tensors_of(x) if t.is_floating_point()]
 
 
+def _any_floating(args, kwargs) -> bool:
+    """Does an op read a floating tensor? (An op's operands are tensors, lists of them and
+    plain values.)"""
+    for vs in (args, kwargs.values()):
+        for v in vs:
+            if isinstance(v, torch.Tensor):
+                if v.is_floating_point():
+                    return True
+            elif isinstance(v, (list, tuple)):
+                if any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in v):
+                    return True
+    return False
+
+
+_dtype_names: dict = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = region.dtype_name(dtype)
+    return name
+
+
+def _s(v) -> str:
+    return "null" if v is None else _str(v)
+
+
+def _i(v) -> str:
+    return "null" if v is None else str(int(v))
+
+
+def _num(v: float) -> str:
+    return json.dumps(v) if not math.isfinite(v) else repr(v)
+
+
 class Recorder(Region):
-    """A record region; use as ``with torch.rbln.compare.record(path):``."""
+    """A record region; use as ``with torch.rbln.compare.record(path):``.
+
+    Each result is summarized as it is made (``stats.reduce``: one pass while it is still in
+    cache; nothing of it is held after), its samples read back and its lines written in
+    batches: every :data:`BATCH` entries and when the region closes, also by an exception."""
+
+    module_kwargs = False
 
     def __init__(self, path, tensors: bool = False):
         self.path = Path(path)
@@ -59,7 +110,12 @@ class Recorder(Region):
         self._dtypes: set = set()
         self._modules = 0
         self._lock = threading.Lock()
-        self._last: dict[int, tuple] = {}   # id -> (weakref, memory, writes, summary)
+        # [entry line's head, [(shape, dtype, summary, samples), ...]], in the order they
+        # finished
+        self._pending: list = []
+        # id(result) -> (result, its row) for the last op's results and the module calls that
+        # returned them since: a module output is mostly one of those, summarized once
+        self._recent: dict[int, tuple] = {}
         self.count = {"ops": 0, "modules": 0}
 
     # lifecycle ------------------------------------------------------------------------------
@@ -76,13 +132,18 @@ class Recorder(Region):
         self._offset = 0
 
     def _close(self) -> None:
-        if self._samples is not None:
-            self._samples.close()
-            self._samples = None
-        if self._index is not None:
-            self._index.close()
-            self._index = None
-            self._write_meta()
+        try:
+            if self._index is not None and self._pending:
+                self._write()
+        finally:
+            self._pending, self._recent = [], {}
+            if self._samples is not None:
+                self._samples.close()
+                self._samples = None
+            if self._index is not None:
+                self._index.close()
+                self._index = None
+                self._write_meta()
 
     def _write_meta(self) -> None:
         meta = {"format": FORMAT, "torch": torch.__version__, "torch_rbln": __version__,
@@ -93,17 +154,22 @@ class Recorder(Region):
 
     # the sink -------------------------------------------------------------------------------
     def op_before(self, func, args, kwargs, wpos, wkw):
-        return True if any(t.is_floating_point() for t in tensors_of((args, kwargs))) else None
+        return True if _any_floating(args, kwargs) else None
+
+    def op_writes(self) -> None:
+        self._recent = {}       # what they hold may change
 
     def op_after(self, info, func, args, kwargs, out, token) -> None:
         outs = _floating(out)
         if not outs:
             return
-        entry = {"kind": "op", "seq": info.seq, "op": info.op, "phase": info.phase,
-                 "route": info.route, "module": info.module, "module_call": info.module_call,
-                 "index": info.index, "node": info.node, "at": info.site}
-        self._write(entry, outs, f"op-{info.seq}.pt")
         self.count["ops"] += 1
+        self._recent = {}
+        head = (f'{{"kind": "op", "seq": {info.seq}, "op": {_str(info.op)}, '
+                f'"phase": "{info.phase}", "route": {_str(info.route)}, '
+                f'"module": {_s(info.module)}, "module_call": {_i(info.module_call)}, '
+                f'"index": {info.index}, "node": {_s(info.node)}, ')
+        self._add(head, info.site, outs, f"op-{info.seq}.pt")
 
     def module_before(self, call, args, kwargs, outermost: bool):
         return self._obs.seq if self._obs is not None else 0
@@ -114,47 +180,57 @@ class Recorder(Region):
             return
         seq = self._modules
         self._modules += 1
-        entry = {"kind": "module", "seq": seq, "path": call.path, "class": call.cls,
-                 "call": call.call, "at": call.site, "ops_from": call.token,
-                 "ops_to": self._obs.seq if self._obs is not None else 0}
-        self._write(entry, outs, f"module-{seq}.pt")
         self.count["modules"] += 1
+        head = (f'{{"kind": "module", "seq": {seq}, "path": {_str(call.path)}, '
+                f'"class": {_str(call.cls)}, "call": {call.call}, '
+                f'"ops_from": {_i(call.token)}, "ops_to": {self._obs.seq}, ')
+        if self.tensors or not all(self._recent.get(id(t), (None,))[0] is t for t in outs):
+            with self._obs.pause():     # reductions (and saves) run torch ops in a hook
+                self._add(head, call.site, outs, f"module-{seq}.pt")
+        else:
+            self._add(head, call.site, outs, None)
 
-    def _summary(self, t: torch.Tensor, h: torch.Tensor) -> tuple[dict, bytes]:
-        """``stats.summary`` of ``t`` (``h``: its host view), reused while nothing wrote it."""
-        key = storage_key(t)
-        writes = self._obs.writes.get(key, 0) if self._obs is not None else 0
-        last = self._last.get(id(t))
-        if last is not None and last[0]() is t and last[1:3] == (key, writes):
-            return last[3]
-        got = stats.summary(h)
-        try:
-            self._last[id(t)] = (weakref.ref(t, lambda _, i=id(t), d=self._last: d.pop(i, None)),
-                                 key, writes, got)
-        except TypeError:
-            pass
-        return got
-
-    def _write(self, entry: dict, outs: list, name: str) -> None:
-        hosts = [gold.host(t) if t.device.type == "rbln" else t.detach() for t in outs]
-        rows, samples = [], []
-        for t, h in zip(outs, hosts):
-            summary, sample = self._summary(t, h)
-            rows.append({"shape": list(t.shape), "dtype": region.dtype_name(t.dtype),
-                         **summary, "sample": len(sample) // 4})
-            samples.append(sample)
-            self._devices.add(t.device.type)
-            self._dtypes.add(region.dtype_name(t.dtype))
+    def _add(self, head: str, site: tuple, outs: list, name: str | None) -> None:
+        rows, hosts = [], []
+        for t in outs:
+            got = self._recent.get(id(t))
+            if got is None or got[0] is not t:
+                h = gold.host(t) if t.device.type == "rbln" else t.detach()
+                hosts.append(h)
+                got = self._recent[id(t)] = (t, (list(t.shape), _dtype_name(t.dtype),
+                                                 *stats.reduce(h)))
+                self._devices.add(t.device.type)
+                self._dtypes.add(got[1][1])
+            elif self.tensors:
+                hosts.append(gold.host(t) if t.device.type == "rbln" else t.detach())
+            rows.append(got[1])
         if self.tensors:
             torch.save([h.cpu().clone() for h in hosts], self.path / "tensors" / name)
-            entry["tensors"] = name
+            head += f'"tensors": "{name}", '
+        self._pending.append((head, site, rows))
+        if len(self._pending) >= BATCH:
+            self._write()
+
+    def _write(self) -> None:
+        """Read back the pending entries' samples and write their lines."""
+        pending, self._pending = self._pending, []
+        got = stats.read_samples([row[3] for _, _, rows in pending for row in rows])
+        lines, i = [], 0
         with self._lock:
-            for row, sample in zip(rows, samples):
-                row["sample"] = [self._offset, row["sample"]]
-                self._offset += row["sample"][1]
-                self._samples.write(sample)
-            entry["outputs"] = rows
-            self._index.write(json.dumps(entry) + "\n")
+            for head, site, rows in pending:
+                outputs = []
+                for shape, dtype, summary, _ in rows:
+                    n = len(got[i]) // 4
+                    outputs.append(
+                        f'{{"shape": {shape}, "dtype": "{dtype}", "numel": {summary["numel"]}, '
+                        f'"min": {_num(summary["min"])}, "max": {_num(summary["max"])}, '
+                        f'"nonfinite": {summary["nonfinite"]}, "sample": [{self._offset}, {n}]}}')
+                    self._offset += n
+                    i += 1
+                lines.append(f'{head}"at": {_s(site_text(site))}, '
+                             f'"outputs": [{", ".join(outputs)}]}}\n')
+            self._samples.write(b"".join(got))
+            self._index.write("".join(lines))
 
 
 def record(path, tensors: bool = False) -> Recorder:

@@ -19,6 +19,7 @@ import time
 import torch
 
 from .. import tolerances
+from ..user_frames import site_text
 from . import golden as gold
 from . import hints, report, stats
 from .observe import Observer, Region, tensors_of
@@ -152,7 +153,7 @@ class RBLNCompare(Region):
             return None
 
     def op_after(self, info, func, args, kwargs, out, token) -> None:
-        checked = self._check(self._skips.op, gold.op_fn(func), *token, out, keep=True)
+        checked = self._check(self._skips.op, gold.op_fn(func), *token, out)
         if checked is None:
             return
         e, pairs = checked
@@ -179,6 +180,10 @@ class RBLNCompare(Region):
     def module_before(self, call, args, kwargs, outermost: bool):
         if not self.check_modules:
             return None
+        with self._obs.pause():
+            return self._module_before(call, args, kwargs, outermost)
+
+    def _module_before(self, call, args, kwargs, outermost: bool):
         if _random(call.module):
             self._skips.module("random (dropout in training mode)")
             return None
@@ -194,6 +199,10 @@ class RBLNCompare(Region):
     def module_after(self, call, args, kwargs, output) -> None:
         if call.token is None:
             return
+        with self._obs.pause():
+            self._module_after(call, args, kwargs, output)
+
+    def _module_after(self, call, args, kwargs, output) -> None:
         last = self._last_op
         if last is not None and last[0] == call.first_seq == self._obs.seq - 1 and \
                 [id(t) for t in tensors_of(output)] == last[1]:
@@ -211,7 +220,7 @@ class RBLNCompare(Region):
         except gold.NotCopyable:
             self._skips.module("module not copyable")
             return
-        checked = self._check(self._skips.module, g, g_args, g_kwargs, output, keep=False)
+        checked = self._check(self._skips.module, g, g_args, g_kwargs, output)
         if checked is not None:
             self._module_entry(call, checked[0], checked[1][0][0])
 
@@ -226,12 +235,12 @@ class RBLNCompare(Region):
                          or self._bad_hints.get(call.first_bad)) if entry["diverged"] else None
         self._modules.append(entry)
 
-    def _check(self, skip, fn, args, kwargs, actual, keep: bool):
+    def _check(self, skip, fn, args, kwargs, actual):
         """``(errors, pairs)`` of ``actual`` against ``fn`` run on the golden inputs (timed as
         the golden work), or None where there is nothing to compare: the golden run failed (no
         host kernel, a module that does not run on the host; counted under the error's type)
-        or no result is floating. ``keep``: the widened results are kept for the ops that read
-        them next."""
+        or no result is floating. The widened results are kept for the ops that read them next
+        (a module's output is mostly its last op's result, widened already)."""
         t0 = time.perf_counter_ns()
         try:
             with torch.no_grad():
@@ -247,7 +256,7 @@ class RBLNCompare(Region):
             return None
         atol, rtol = self.tol.of(pairs[0][0].dtype)
         w = self._widener
-        got = [w.tensor(a) if keep else gold.widen(a, self.golden) for a, _ in pairs]
+        got = [w.tensor(a) for a, _ in pairs]
         return stats.errors(got, [g for _, g in pairs], atol, rtol), pairs
 
     # reading --------------------------------------------------------------------------------
@@ -257,6 +266,8 @@ class RBLNCompare(Region):
         if self._state == "new":
             raise RuntimeError("region was never run -- use it as a with-block")
         if self._dump is None:
+            for e in (*self._ops, *self._modules):      # call sites are named when read
+                e["at"] = site_text(e["at"])
             self._dump = report.build(
                 reference=f"golden {dtype_name(self.golden)} on the host",
                 tolerances=self.tol.table(sorted(self._dtypes, key=str)),

@@ -19,45 +19,115 @@ both sides hold as finite numbers:
 from __future__ import annotations
 
 import math
+import threading
 
+import numpy as np
 import torch
 
 SAMPLE = 64     # elements a record keeps of each tensor without it, at fixed positions
 
 
-def _flat(ts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    ts = [t.reshape(-1).to(dtype) for t in ts]
-    return ts[0] if len(ts) == 1 else torch.cat(ts)
+def _host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """``t``'s values in ``dtype`` as a host array in ``t``'s layout (complex as real and
+    imaginary parts)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.numpy()
 
 
-_scalars: dict = {}
+def _flat_pair(actual: list[torch.Tensor], reference: list[torch.Tensor],
+               dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides' values in ``dtype`` as flat host arrays, element by element paired. A pair
+    of one layout (a transpose on both sides) is read in memory order without a copy: the
+    statistics do not depend on the order, only on the pairing."""
+    a_out, r_out = [], []
+    for a, r in zip(actual, reference):
+        a, r = _host(a, dtype), _host(r, dtype)
+        order = "K" if a.strides == r.strides and a.shape == r.shape else "C"
+        a_out.append(a.ravel(order))
+        r_out.append(r.ravel(order))
+    if len(a_out) == 1:
+        return a_out[0], r_out[0]
+    return np.concatenate(a_out), np.concatenate(r_out)
 
 
-def _scalar(v: float, like: torch.Tensor) -> torch.Tensor:
-    t = _scalars.get((v, like.dtype))
-    if t is None:
-        t = _scalars[(v, like.dtype)] = torch.tensor(v, dtype=like.dtype)
-    return t
+_max = np.maximum.reduce     # NaN propagates (the array method adds a Python call)
+_ZERO = {"max_abs": 0.0, "max_rel": 0.0, "worst": 0.0, "outside": 0, "ref_max": 0.0,
+         "cosine": 1.0}
 
 
-def _finite_errors(a: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> dict:
-    """The errors of ``a`` against ``r`` where every value of both is finite."""
-    if not a.numel():
-        return {"max_abs": 0.0, "max_rel": 0.0, "worst": 0.0, "outside": 0, "ref_max": 0.0,
-                "cosine": 1.0}
-    diff = torch.sub(a, r).abs_()
-    ref = r.abs()
-    ref_max = ref.max()
-    ratio = diff / torch.add(_scalar(atol, ref), ref, alpha=rtol)     # over atol + rtol * |r|
-    rel = diff / ref.clamp_min_(atol)
-    max_abs, max_rel, worst, ref_max, dot, aa, rr = torch.stack(
-        [diff.max(), rel.max(), ratio.max(), ref_max, torch.dot(a, r), torch.dot(a, a),
-         torch.dot(r, r)]).tolist()
-    if not math.isfinite(aa * rr):          # squares beyond the dtype's range
-        a64, r64 = a.double(), r.double()
-        dot, aa, rr = torch.stack([torch.dot(a64, r64), torch.dot(a64, a64),
-                                   torch.dot(r64, r64)]).tolist()
-    outside = int((ratio > 1).sum()) if worst > 1 else 0
+CHUNK = 1 << 15     # elements per block of the error passes: their temporaries stay in cache
+_scratch = threading.local()
+
+
+def _blocks(dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Three scratch blocks of ``min(n, CHUNK)`` elements of ``dtype`` (this thread's, reused:
+    no allocation per comparison)."""
+    key = np.dtype(dtype).str
+    have = getattr(_scratch, key, None)
+    if have is None or have[0].size < min(n, CHUNK):
+        have = tuple(np.empty(min(max(n, 4096), CHUNK), dtype) for _ in range(3))
+        setattr(_scratch, key, have)
+    return have
+
+
+def _finite_errors(a: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> dict:
+    """The errors of ``a`` against ``r`` where every value of both is finite (a NaN or Inf on
+    either side shows in ``max_abs`` or ``ref_max``).
+
+    NumPy on the host arrays, a block of :data:`CHUNK` elements at a time: each pass over a
+    block (``|a - r|``, ``|r|``, the two ratios, their maxima, the three dot products for the
+    cosine) reads what the last one left in cache, and the temporaries are scratch blocks, so
+    a large result is read from memory about once instead of a dozen times. The tolerance's
+    ratio is taken over ``atol / rtol + |r|`` (a pass less than ``atol + rtol * |r|``)."""
+    n = a.size
+    if not n:
+        return dict(_ZERO)
+    diff_b, ref_b, tmp_b = _blocks(a.dtype, n)
+    blocks = range(0, n, CHUNK)
+    peaks = np.zeros((len(blocks), 4), a.dtype)    # max |a - r|, max |r|, the two ratios
+    dots = np.empty((len(blocks), 3))              # a.r, a.a, r.r
+    c = atol / rtol if rtol > 0 else 0.0
+    outside = 0
+    with np.errstate(all="ignore"):
+        for j, i in enumerate(blocks):
+            ab, rb = a[i:i + CHUNK], r[i:i + CHUNK]
+            k = ab.size
+            diff = np.subtract(ab, rb, out=diff_b[:k])
+            np.abs(diff, out=diff)
+            ref = np.abs(rb, out=ref_b[:k])
+            peak = peaks[j]
+            peak[0], peak[1] = _max(diff), _max(ref)
+            if rtol > 0:    # |a - r| / (atol + rtol * |r|) = |a - r| / (atol / rtol + |r|) / rtol
+                ratio = np.add(ref, c, out=tmp_b[:k])
+                peak[2] = _max(np.divide(diff, ratio, out=ratio))
+                near = peak[2] / rtol > 0.999
+            else:
+                near = peak[0] > 0.999 * atol
+            if near:        # elements may lie outside: counted as the tolerance reads
+                bound = np.multiply(ref, rtol, out=tmp_b[:k])
+                bound += atol
+                outside += int(np.count_nonzero(diff > bound))
+            np.maximum(ref, atol, out=ref)      # |a - r| over max(|r|, atol)
+            peak[3] = _max(np.divide(diff, ref, out=ref))
+            dots[j] = np.dot(ab, rb), np.dot(ab, ab), np.dot(rb, rb)
+        max_abs, ref_max, ratio_max, max_rel = (float(v) for v in _max(peaks, axis=0))
+        if max_abs == 0:        # equal (an exact op: a conversion up, a negation): no error
+            return {**_ZERO, "ref_max": ref_max}
+        if rtol > 0:
+            worst = ratio_max / rtol
+        else:
+            worst = max_abs / atol if atol > 0 else math.inf
+        dot, aa, rr = (float(v) for v in dots.sum(axis=0))
+        if not math.isfinite(aa * rr):          # squares beyond the dtype's range
+            a64, r64 = a.astype(np.float64), r.astype(np.float64)
+            dot, aa, rr = float(np.dot(a64, r64)), float(np.dot(a64, a64)), \
+                float(np.dot(r64, r64))
     cosine = 1.0 if aa == 0 and rr == 0 else (
         min(dot / math.sqrt(aa * rr), 1.0) if aa and rr else 0.0)
     return {"max_abs": max_abs, "max_rel": max_rel, "worst": worst, "outside": outside,
@@ -69,21 +139,21 @@ def errors(actual: list[torch.Tensor], reference: list[torch.Tensor], atol: floa
     """The error statistics of ``actual`` against ``reference`` (host tensors, paired, equal
     numel), taken together."""
     dtype = torch.promote_types(reference[0].dtype, torch.float32)
-    a, r = _flat(actual, dtype), _flat(reference, dtype)
-    n = a.numel()
+    a, r = _flat_pair(actual, reference, dtype)
+    n = sum(t.numel() for t in actual)
     e = _finite_errors(a, r, atol, rtol)
     only_a = only_r = 0
     if not (math.isfinite(e["max_abs"]) and math.isfinite(e["ref_max"])):
         # a NaN or an Inf on either side: compared where both are finite, counted where not
-        fa, fr = torch.isfinite(a), torch.isfinite(r)
-        same = (a == r) | (torch.isnan(a) & torch.isnan(r))     # equal Inf, or NaN on both
-        only_a = int((~fa & (fr | ~same)).sum())
-        only_r = int((fa & ~fr).sum())
+        fa, fr = np.isfinite(a), np.isfinite(r)
+        same = (a == r) | (np.isnan(a) & np.isnan(r))       # equal Inf, or NaN on both
+        only_a = int(np.count_nonzero(~fa & (fr | ~same)))
+        only_r = int(np.count_nonzero(fa & ~fr))
         finite_r = r[fr]        # the reference's reach, where the actual overflowed too
         keep = fa & fr
         e = _finite_errors(a[keep], r[keep], atol, rtol)
-        if finite_r.numel():
-            e["ref_max"] = max(e["ref_max"], finite_r.abs().max().item())
+        if finite_r.size:
+            e["ref_max"] = max(e["ref_max"], float(np.abs(finite_r).max()))
         if only_a or only_r:
             e["worst"] = math.inf
     e.update(numel=n, outside=e["outside"] + only_a + only_r, nonfinite_actual=only_a,
@@ -113,25 +183,85 @@ def positions(numel: int, device: torch.device = torch.device("cpu")) -> torch.T
     return p
 
 
-def summary(t: torch.Tensor) -> tuple[dict, bytes]:
-    """What a record keeps of a tensor without the tensor: its finite min and max, its NaN/Inf
-    count, and the elements at :func:`positions` (as float32 bytes). One pass over the tensor
-    in its own dtype where every value is finite (the common case), read back once."""
-    x = t.detach().reshape(-1)
+# (shape, strides, device) -> where the positions lie in memory order, or None: not dense
+_orders: dict[tuple, torch.Tensor | None] = {}
+
+
+def _dense(shape, strides) -> bool:
+    """Do these strides lay the elements out without gaps or overlaps, in some order?"""
+    expect = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides) if sz != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _in_memory_order(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x``'s elements as a 1-d tensor, and where :func:`positions` of ``x`` lie in it. Min and
+    max do not depend on the order: a dense tensor in any layout (a transpose, a permuted
+    view) is read where it lies, without a copy into row-major order."""
     n = x.numel()
+    if x.is_contiguous():
+        return x.view(-1), positions(n, x.device)
+    key = (tuple(x.shape), x.stride(), x.device)
+    if key not in _orders:
+        if len(_orders) > 4096:
+            _orders.clear()
+        at = None
+        if _dense(*key[:2]):
+            p, at = positions(n, x.device), 0
+            for size, stride in zip(reversed(key[0]), reversed(key[1])):
+                at = at + (p % size) * stride
+                p = p // size
+        _orders[key] = at
+    at = _orders[key]
+    if at is None:
+        return x.reshape(-1), positions(n, x.device)
+    return x.as_strided((n,), (1,)), at     # from its storage offset: where its elements start
+
+
+def reduce(t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+    """What a record keeps of ``t`` without ``t``: its finite min and max and its NaN/Inf count,
+    read now, and the elements at :func:`positions`, a small tensor in ``t``'s dtype for
+    :func:`read_samples` to read later with others. One pass over ``t`` in its own dtype where
+    every value is finite (the common case: NaN or Inf show in the min or max; only then a
+    second look), right after it was made (still in cache)."""
+    n = t.numel()
     if n == 0:
-        return {"numel": 0, "min": 0.0, "max": 0.0, "nonfinite": 0}, b""
-    lo, hi = torch.aminmax(x)       # NaN or Inf show in min or max
-    buf = torch.cat([torch.stack([lo, hi]).float(),
-                     torch.index_select(x, 0, positions(n, x.device)).float()]).cpu().numpy()
-    lo, hi = buf[:2].tolist()
-    nonfinite = 0
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        fin = torch.isfinite(x)
-        nonfinite = n - int(fin.sum())
-        xs = x[fin]
-        lo, hi = torch.stack([xs.min(), xs.max()]).tolist() if xs.numel() else (0.0, 0.0)
-    return {"numel": n, "min": lo, "max": hi, "nonfinite": nonfinite}, buf[2:].tobytes()
+        return {"numel": 0, "min": 0.0, "max": 0.0, "nonfinite": 0}, None
+    x, at = _in_memory_order(t.detach())
+    lo, hi = torch.aminmax(x)
+    s = {"numel": n, "min": lo.item(), "max": hi.item(), "nonfinite": 0}
+    if not (math.isfinite(s["min"]) and math.isfinite(s["max"])):
+        s.update(_finite_range(x))
+    return s, x.index_select(0, at)
+
+
+def read_samples(samples: list) -> list[bytes]:
+    """:func:`reduce`'s samples (None: an empty tensor's) as float32 bytes, read back at once
+    (joined per device and dtype: joining mixed dtypes takes a slow path)."""
+    out = [b""] * len(samples)
+    groups: dict = {}
+    for i, x in enumerate(samples):
+        if x is not None:
+            groups.setdefault((x.device, x.dtype), []).append(i)
+    for idx in groups.values():
+        buf = torch.cat([samples[i] for i in idx]).float().cpu().numpy()
+        at = 0
+        for i in idx:
+            k = samples[i].numel()
+            out[i] = buf[at:at + k].tobytes()
+            at += k
+    return out
+
+
+def _finite_range(x: torch.Tensor) -> dict:
+    """The min and max of ``x``'s finite values and its NaN/Inf count."""
+    fin = torch.isfinite(x)
+    xs = x[fin]
+    lo, hi = torch.stack([xs.min(), xs.max()]).tolist() if xs.numel() else (0.0, 0.0)
+    return {"min": lo, "max": hi, "nonfinite": x.numel() - xs.numel()}
 
 
 def sampled_errors(a: dict, r: dict, sample_a: torch.Tensor, sample_r: torch.Tensor,

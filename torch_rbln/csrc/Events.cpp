@@ -2,6 +2,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <mutex>
 #include <utility>
 
@@ -15,6 +16,12 @@ std::map<std::pair<std::string, std::string>, std::unique_ptr<Counter>>& registr
   return *r;
 }
 std::atomic<Forward> forward_fn{nullptr};
+// the kinds the listeners want; empty: every kind (guarded by registry_mutex)
+std::set<std::string> wanted_kinds;
+
+bool wanted(const std::string& kind) {
+  return wanted_kinds.empty() || wanted_kinds.count(kind) > 0;
+}
 }  // namespace
 
 namespace detail {
@@ -38,6 +45,7 @@ Counter* counter(const std::string& kind, const std::string& key) {
   auto& slot = registry()[{kind, key}];
   if (!slot) {
     slot = std::make_unique<Counter>(kind, key);
+    slot->wanted.store(wanted(kind));
   }
   return slot.get();
 }
@@ -49,6 +57,14 @@ void set_forward(Forward forward) {
 void set_listening(bool listening, bool python_path) {
   detail::python_path.store(python_path);
   detail::listening.store(listening);
+}
+
+void set_wanted_kinds(const std::vector<std::string>& kinds) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  wanted_kinds = std::set<std::string>(kinds.begin(), kinds.end());
+  for (auto& [name, c] : registry()) {
+    c->wanted.store(wanted(name.first));
+  }
 }
 
 std::vector<Delta> drain() {

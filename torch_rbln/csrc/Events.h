@@ -16,6 +16,8 @@ struct Counter {
   const std::string key;
   std::atomic<int64_t> count{0};
   std::atomic<int64_t> amount{0};
+  // handed to Python while a listener listens: some listener wants this kind
+  std::atomic<bool> wanted{true};
 };
 
 // The counter of (kind, key), made on first use. Its address never changes, so a hot path looks
@@ -31,6 +33,9 @@ void set_forward(Forward forward);
 // paths step aside. A passive listener (explain's call-site capture) only reads the events: the
 // native paths keep serving and hand it theirs.
 void set_listening(bool listening, bool python_path);
+// The kinds the listeners want (each listener names its own, or takes every kind): events of
+// other kinds stay in the native counters while listeners listen. Empty: every kind.
+void set_wanted_kinds(const std::vector<std::string>& kinds);
 
 namespace detail {
 extern std::atomic<bool> listening;
@@ -43,9 +48,10 @@ inline bool python_path_wanted() {
   return detail::python_path.load(std::memory_order_relaxed);
 }
 
-// Count one event: two relaxed atomic adds, or the Python stream while it has a listener.
+// Count one event: two relaxed atomic adds, or the Python stream while a listener wants it.
 inline void record(Counter* c, int64_t amount = 0) {
-  if (detail::listening.load(std::memory_order_relaxed)) {
+  if (detail::listening.load(std::memory_order_relaxed) &&
+      c->wanted.load(std::memory_order_relaxed)) {
     detail::forward(*c, amount);
     return;
   }

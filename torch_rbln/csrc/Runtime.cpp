@@ -299,6 +299,8 @@ void bind_runtime(py::module_& m) {
     return out;
   });
   m.def("set_event_listening", &events::set_listening);
+  m.def("set_wanted_event_kinds", &events::set_wanted_kinds,
+        "The kinds of event the Python listeners want (empty: every kind).");
 }
 
 }  // namespace torch_rbln

@@ -87,5 +87,5 @@ def _eager_malloc() -> bool:
 
 
 _C.init_runtime(_commit, devices.claim, _eager_malloc, events.record)
-events.connect_native(_C.drain_events, _C.set_event_listening)
+events.connect_native(_C.drain_events, _C.set_event_listening, _C.set_wanted_event_kinds)
 events.connect_tap(_C.tap_activity, _C.set_tap_switch)
