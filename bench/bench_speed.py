@@ -6,7 +6,8 @@ The virtual NPU's kernels run on the host CPU, so its limit is the host computin
 the fastest way it can. On a CPU without native fp16/bf16 GEMMs (AVX2 only) that is fp32:
 PyTorch's own half-precision CPU path is several times slower there. Each row therefore times
 three variants, in alternation (one call of each per round, ten for the small model's rows;
-medians), in one process:
+medians of the process's CPU time per call, or of wall time with ``--clock wall``), in one
+process:
 
 * **rbln**: the model in fp16/bf16 on ``device="rbln"``;
 * **CPU same dtype**: the same model in fp16/bf16 on the CPU (PyTorch's half-precision path);
@@ -92,6 +93,13 @@ def host_kind() -> str:
 SMALL_CALLS = 10
 
 
+# what a call costs: the process's CPU time (default; every variant computes on this process's
+# threads, so time spent descheduled by other jobs on a shared machine is not counted) or wall
+# time (--clock wall)
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+clock = CLOCKS["cpu"]
+
+
 def interleaved(fns, rounds: int, calls: int = 1) -> list[float]:
     """Median seconds per call of each function, the functions timed in alternation."""
     for fn in fns:
@@ -99,10 +107,10 @@ def interleaved(fns, rounds: int, calls: int = 1) -> list[float]:
     samples = [[] for _ in fns]
     for _ in range(rounds):
         for k, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(calls):
                 fn()
-            samples[k].append((time.perf_counter() - t0) / calls)
+            samples[k].append((clock() - t0) / calls)
     return [statistics.median(s) for s in samples]
 
 
@@ -322,12 +330,17 @@ def main() -> None:
                          "OpenMP barriers with descheduled threads dominate)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="profile the medium forward")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                    help="cpu: the process's CPU time per call (default: steadier on a shared "
+                         "machine); wall: elapsed time")
     ap.add_argument("--only", help=f"comma-separated rows to run, of: {', '.join(ROWS)}")
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.rss_child:
         return _rss_child(opts.rss_child, opts.threads)
     torch.set_num_threads(opts.threads)
+    global clock
+    clock = CLOCKS[opts.clock]
     isa = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
                    if k in os.environ)
     from torch_rbln.runtime import executors
@@ -337,7 +350,7 @@ def main() -> None:
           f"{torch.backends.cpu.get_cpu_capability()}{' (' + isa + ')' if isa else ''}; "
           f"half-precision matmuls: {executors.matmul_precision().summary}; goals of a host "
           f"with {kind} GEMMs; {torch.get_num_threads()} thread(s); medians of {opts.rounds} "
-          f"interleaved rounds; load average {_load()} at the start")
+          f"interleaved rounds, {opts.clock} time; load average {_load()} at the start")
     print()
     print("| measurement | rbln | CPU same dtype | CPU fp32 | rbln / best | goal |")
     print("|---|---|---|---|---|---|")
