@@ -150,6 +150,8 @@ def test_compare_costs_nothing_outside_its_region():
     after = (dict(nn_module._global_forward_hooks), dict(nn_module._global_forward_pre_hooks),
              events._listeners)
     assert after == before and torch._C._len_torch_dispatch_stack() == 0
+    # nothing left that makes torch.compile(module) warn of global hooks afterwards
+    assert not nn_module._has_any_global_hook()
     with torch.rbln.compare():
         with pytest.raises(RuntimeError, match="must not overlap"):
             with torch.rbln.compare():

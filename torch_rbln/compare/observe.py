@@ -241,6 +241,9 @@ class Observer(TorchDispatchMode):
             events.unlisten(self._listener)
             for h in self._hooks:
                 h.remove()
+                # PyTorch's handle forgets the with_kwargs flag of a global hook: left behind,
+                # it makes torch.compile(module) warn of global hooks for the process's life
+                nn_module._global_forward_hooks_with_kwargs.pop(h.id, None)
             self._hooks = []
             self.stack.clear()
             self._site_frame = None
