@@ -5,6 +5,8 @@ have no native kernels, so the native branch is exercised by forcing the choice.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -15,7 +17,12 @@ from torch_rbln.runtime import executors
 H = torch.float16
 
 
-def _detect(monkeypatch, cap, flags, isa=None):
+def _detect(monkeypatch, cap, flags, isa=None, ratios=None):
+    """The choice on a described CPU; ``ratios``: the measured native/widened time per dtype
+    (default: native as fast as widening)."""
+    ratios = ratios or {}
+    monkeypatch.setattr(executors, "_measured_ratios",
+                        lambda key, dtypes: {d: ratios.get(d, 1.0) for d in dtypes})
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cap)
     monkeypatch.setattr(executors, "_cpu_flags", lambda: set(flags))
     if isa is None:
@@ -44,6 +51,50 @@ def test_the_choice_follows_the_cpu(monkeypatch, cap, flags, isa, native):
     assert set(p.native) == native
     assert p.form(H) == ("native" if H in native else "widen")
     assert cap in p.reason and p.summary.startswith("float16 ")
+
+
+def test_a_native_kernel_measured_slower_than_widening_is_not_taken(monkeypatch):
+    """AVX512-BF16 without AMX: on some CPUs bf16's GEMM takes twice fp32's time."""
+    flags = {"avx512f", "avx512_fp16", "avx512_bf16"}
+    p = _detect(monkeypatch, "AVX512", flags, ratios={torch.bfloat16: 1.7, H: 1.1})
+    assert set(p.native) == {H}
+    assert p.form(torch.bfloat16) == "widen"
+    assert "bfloat16's native GEMM measured 1.70x the time of widening" in p.reason
+    assert "float16's native" not in p.reason.replace("bfloat16's", "")
+
+
+def test_the_measurement_is_made_once_per_host_and_kept(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    timed = []
+
+    def timing(dtype):
+        timed.append(dtype)
+        return 1.5
+    monkeypatch.setattr(executors, "_time_native_over_widened", timing)
+    both = [H, torch.bfloat16]
+    assert executors._measured_ratios("host-a", both) == {H: 1.5, torch.bfloat16: 1.5}
+    assert executors._measured_ratios("host-a", both) == {H: 1.5, torch.bfloat16: 1.5}
+    assert len(timed) == 2                                  # the second read the cache
+    executors._measured_ratios("host-b", [H])               # another host: its own entry
+    assert len(timed) == 3
+    cache = tmp_path / "torch_rbln" / "matmul-precision.json"
+    assert set(json.loads(cache.read_text())) == {"host-a", "host-b"}
+    cache.write_text("not json")                            # a damaged cache: measured again
+    assert executors._measured_ratios("host-a", [H]) == {H: 1.5}
+    assert len(timed) == 4
+
+
+def test_an_unwritable_cache_only_means_measuring_again(monkeypatch, tmp_path):
+    (tmp_path / "torch_rbln").write_text("a file where the directory would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(executors, "_time_native_over_widened", lambda d: 0.9)
+    assert executors._measured_ratios("host", [H]) == {H: 0.9}
+
+
+def test_the_measurement_times_both_forms_and_restores_the_threads():
+    n = torch.get_num_threads()
+    r = executors._time_native_over_widened(torch.float16)
+    assert r > 0 and torch.get_num_threads() == n
 
 
 def _matmul_graph():

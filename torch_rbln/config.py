@@ -316,7 +316,9 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("TORCH_RBLN_MATMUL_PRECISION", "auto", _matmul_precision, "import", "auto, native, widen",
         "How half-precision matmuls compute (NPU numerics either way: fp32 accumulation, one "
         "rounding): `native` fp16/bf16 GEMMs where the CPU has them (AVX512-FP16/AMX, "
-        "AVX512-BF16), else `widen` to fp32; `auto` detects it (ours)."),
+        "AVX512-BF16), else `widen` to fp32; `auto` detects it, widening a dtype whose native "
+        "GEMM measures slower than widening on this CPU (measured once per host, kept in "
+        "`~/.cache/torch_rbln/`; see [eager](eager.md)) (ours)."),
     Var("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK", frozenset(), _check_names, "live",
         "comma list of " + ", ".join(CHECK_NAMES) + ", or all",
         "Development only: skip the named pre-dispatch checks (warns once)."),

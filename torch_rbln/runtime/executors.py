@@ -11,7 +11,9 @@ to the output dtype once, at the op boundary. The forms:
 * ``matmul``  the matrix units: ``direct`` where this CPU has native half-precision GEMM kernels
   (AVX512-FP16 / AMX for fp16, AVX512-BF16 / AMX for bf16: fp32 accumulation, one rounding),
   ``fp32`` elsewhere (without them PyTorch's half-precision GEMM is many times slower than
-  widening). :func:`matmul_precision` makes the choice once per process; graph programs make
+  widening; where the CPU has one but it measures slower than widening, as bf16's can on a
+  CPU without AMX, ``fp32`` too). :func:`matmul_precision` makes the choice once per process;
+  graph programs make
   the same one (``graph/rewrite.py``), and ``python -m torch_rbln.diagnose`` shows it. A
   native-dtype ``linear`` takes its weight in the GEMM library's blocked layout, kept per
   weight (:func:`packed_dtypes`).
@@ -29,8 +31,10 @@ converted once, not on every call.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -436,6 +440,84 @@ class MatmulPrecision:
         return f"{kinds} ({self.reason})"
 
 
+# A native kernel is not always the fast one: on some CPUs with AVX512-BF16 and no AMX, the
+# bf16 GEMM runs at about half fp32's speed, so widening (fp32 operands, the weight kept widened)
+# beats it. A dtype whose kernel the flags promise is therefore timed once per host against
+# its widened form, on one transformer-layer linear (rows, in, out); it widens where native is
+# SLOWER times slower or more. The margin keeps the choice from flipping between runs; the
+# result is kept per host (CPU model, flags, torch, ISA cap) in the user's cache directory, so
+# a host always computes the same way.
+PROBE_SHAPE = (256, 1024, 1024)
+SLOWER = 1.25
+
+
+def _probe_cache() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "torch_rbln", "matmul-precision.json")
+
+
+def _time_native_over_widened(dtype) -> float:
+    """Best-of-7 time of ``dtype``'s native linear over its widened form (weight already fp32,
+    as kept): > 1 where widening is faster. One intra-op thread, each form run once before
+    (the GEMM library builds its kernel on the first call), the calling thread's CPU time:
+    other processes' load moves it little."""
+    m, k, n = PROBE_SHAPE
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    xh, wh = x.to(dtype), w.to(dtype)
+    forms = (lambda: torch.nn.functional.linear(xh, wh),
+             lambda: torch.nn.functional.linear(xh.float(), w).to(dtype))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for f in forms:
+            f()
+        best = [math.inf, math.inf]
+        for _ in range(7):      # alternated: a burst of load hits both alike
+            for i, f in enumerate(forms):
+                t0 = time.thread_time()
+                f()
+                best[i] = min(best[i], time.thread_time() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return best[0] / best[1]
+
+
+def _measured_ratios(key: str, dtypes) -> dict:
+    """``{dtype: native time / widened time}`` for this host, from the cache or measured (and
+    kept); never fails: an unwritable cache only means measuring again next time."""
+    path = _probe_cache()
+    try:
+        with open(path) as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        cached = {}
+    entry = cached.get(key, {}) if isinstance(cached, dict) else {}
+    names = {d: str(d).removeprefix("torch.") for d in dtypes}
+    if not all(isinstance(entry.get(nm), (int, float)) for nm in names.values()):
+        entry = {nm: round(_time_native_over_widened(d), 3) for d, nm in names.items()}
+        cached = cached if isinstance(cached, dict) else {}
+        cached[key] = entry
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(cached, f, indent=1)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return {d: float(entry[nm]) for d, nm in names.items()}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f
+                         if ln.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 @lru_cache(maxsize=None)
 def matmul_precision() -> MatmulPrecision:
     """The process's choice (TORCH_RBLN_MATMUL_PRECISION, read once: ``auto`` detects)."""
@@ -455,11 +537,20 @@ def matmul_precision() -> MatmulPrecision:
     flags = _cpu_flags()
     has = {torch.float16: bool(flags & {"avx512_fp16", "amx_fp16"}),
            torch.bfloat16: bool(flags & {"avx512_bf16", "amx_bf16"})}
-    native = frozenset(d for d, ok in has.items()
-                       if ok and level >= _ONEDNN_ISAS.index(_ONEDNN_NATIVE[d]))
+    native = [d for d, ok in has.items()
+              if ok and level >= _ONEDNN_ISAS.index(_ONEDNN_NATIVE[d])]
     found = [f for f in ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16") if f in flags]
-    return MatmulPrecision(native, f"capability {cap}, CPU flags: {', '.join(found) or 'none'}"
-                                   f"{'; ONEDNN_MAX_CPU_ISA=' + isa if isa != 'ALL' else ''}")
+    reason = (f"capability {cap}, CPU flags: {', '.join(found) or 'none'}"
+              f"{'; ONEDNN_MAX_CPU_ISA=' + isa if isa != 'ALL' else ''}")
+    if native:
+        key = "|".join((_cpu_model(), ",".join(sorted(found)), torch.__version__, cap, isa))
+        ratios = _measured_ratios(key, native)
+        slow = [d for d in native if ratios[d] >= SLOWER]
+        for d in slow:
+            reason += (f"; {str(d).removeprefix('torch.')}'s native GEMM measured "
+                       f"{ratios[d]:.2f}x the time of widening on this CPU")
+        native = [d for d in native if d not in slow]
+    return MatmulPrecision(frozenset(native), reason)
 
 
 # Below this many rows of the left operand, widening costs more than it saves: the conversion
