@@ -164,3 +164,26 @@ def test_diagnose_shows_the_choice():
     lines = diagnose.cpu_section(torch)
     assert any(line.strip().startswith("half-precision matmuls: float16 ") for line in lines)
     assert any(torch.backends.cpu.get_cpu_capability() in line for line in lines)
+
+
+def test_processes_starting_together_measure_once(tmp_path):
+    """Ranks or workers started at once all take the one measurement made under the lock."""
+    import os
+    import subprocess
+    import sys
+    log = tmp_path / "measured"
+    body = ("import json, time, torch; from torch_rbln.runtime import executors as e\n"
+            "def timing(d):\n"
+            f"    open({str(log)!r}, 'a').write('x')\n"
+            "    time.sleep(0.5)\n"
+            "    return 1.0\n"
+            "e._time_native_over_widened = timing\n"
+            "print(json.dumps(e._measured_ratios('host', [torch.float16])[torch.float16]))")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "TORCH_RBLN_MATMUL_PRECISION": "widen"}
+    procs = [subprocess.Popen([sys.executable, "-c", body], env=env, stdout=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [json.loads(o) for o in outs] == [1.0] * 3
+    assert log.read_text() == "x"                           # one process measured
+    cache = json.loads((tmp_path / "torch_rbln" / "matmul-precision.json").read_text())
+    assert cache == {"host": {"float16": 1.0}}

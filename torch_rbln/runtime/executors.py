@@ -483,30 +483,58 @@ def _time_native_over_widened(dtype) -> float:
     return best[0] / best[1]
 
 
-def _measured_ratios(key: str, dtypes) -> dict:
-    """``{dtype: native time / widened time}`` for this host, from the cache or measured (and
-    kept); never fails: an unwritable cache only means measuring again next time."""
-    path = _probe_cache()
+def _read_ratios(path: str, key: str, names: dict) -> dict | None:
     try:
         with open(path) as f:
-            cached = json.load(f)
-    except (OSError, ValueError):
-        cached = {}
-    entry = cached.get(key, {}) if isinstance(cached, dict) else {}
+            entry = json.load(f).get(key, {})
+        return {d: float(entry[nm]) for d, nm in names.items()}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def _measured_ratios(key: str, dtypes) -> dict:
+    """``{dtype: native time / widened time}`` for this host, from the cache or measured (and
+    kept). Processes starting together (ranks, workers) measure once, under a file lock, and
+    all read that one result; an unwritable cache only means measuring again next time."""
+    import fcntl
+    path = _probe_cache()
     names = {d: str(d).removeprefix("torch.") for d in dtypes}
-    if not all(isinstance(entry.get(nm), (int, float)) for nm in names.values()):
-        entry = {nm: round(_time_native_over_widened(d), 3) for d, nm in names.items()}
-        cached = cached if isinstance(cached, dict) else {}
-        cached[key] = entry
+    got = _read_ratios(path, key, names)
+    if got is not None:
+        return got
+    lock = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock = open(path + ".lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        got = _read_ratios(path, key, names)        # another process measured meanwhile
+        if got is not None:
+            return got
+    except OSError:
+        pass
+    try:
+        got = {d: round(_time_native_over_widened(d), 3) for d in dtypes}
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path) as f:
+                cached = json.load(f)
+            cached = cached if isinstance(cached, dict) else {}
+        except (OSError, ValueError):
+            cached = {}
+        entry = cached.get(key)
+        if not isinstance(entry, dict):
+            entry = cached[key] = {}
+        entry.update({names[d]: r for d, r in got.items()})
+        try:
             tmp = f"{path}.{os.getpid()}"
             with open(tmp, "w") as f:
                 json.dump(cached, f, indent=1)
             os.replace(tmp, path)
         except OSError:
             pass
-    return {d: float(entry[nm]) for d, nm in names.items()}
+        return got
+    finally:
+        if lock is not None:
+            lock.close()        # releases the lock
 
 
 def _cpu_model() -> str:
