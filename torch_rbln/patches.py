@@ -421,6 +421,8 @@ PRIVATE: tuple[Hook, ...] = (
          "compare: golden runs and summaries inside a region are not observed"),
     Hook("torch.utils._pytree.tree_leaves", "compare: the tensors of a result"),
     Hook("torch.nn.modules.dropout._DropoutNd", "compare: modules that draw random numbers"),
+    Hook("torch.nn.modules.module._global_forward_hooks_with_kwargs",
+         "compare: a closed region leaves no global hook flag (its handle's remove() keeps it)"),
     Hook("torch.nn.modules.module.Module._call_impl",
          "compare: a module call's keyword arguments, read off the frame that runs the global "
          "forward pre-hooks (they receive the positional ones only)"),
