@@ -138,7 +138,7 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode, device_side: bo
     if device_side:
         fp32_matmuls(gm)
         widened = widened_inputs(gm)
-        packed = packed_inputs(gm)
+        packed = packed_inputs(gm, widened)
     if widened:
         with fake_mode:
             cpu = [v.float() if i in widened else v for i, v in enumerate(cpu)]

@@ -205,12 +205,13 @@ _packed_linear = torch.ops.torch_rbln.packed_linear.default
 _linear = torch.ops.aten.linear.default
 
 
-def packed_inputs(gm: torch.fx.GraphModule) -> frozenset:
+def packed_inputs(gm: torch.fx.GraphModule, widened: frozenset = frozenset()) -> frozenset:
     """Inputs that only ever serve as the 2-D weight of a linear in a dtype whose linear
     programs take packed weights (``executors.packed_dtypes``): their linears call
     ``torch_rbln::packed_linear`` and the runner passes the weight's kept packed form, as the
-    eager linear program takes it, so a weight is laid out once, not per call. Returns the
-    positions of those placeholders."""
+    eager linear program takes it, so a weight is laid out once, not per call. Positions in
+    ``widened`` (taken in fp32, ``widened_inputs``) are not packed. Returns the positions of
+    those placeholders."""
     packed = executors.packed_dtypes()
     out = set()
     if not packed:
@@ -218,7 +219,7 @@ def packed_inputs(gm: torch.fx.GraphModule) -> frozenset:
     for i, ph in enumerate(gm.graph.find_nodes(op="placeholder")):
         v = ph.meta.get("val")
         users = list(ph.users)
-        if (not isinstance(v, torch.Tensor) or v.dim() != 2 or v.dtype not in packed or not users
+        if (i in widened or not isinstance(v, torch.Tensor) or v.dim() != 2 or v.dtype not in packed or not users
                 or not all(u.target is _linear and len(u.args) >= 2 and u.args[1] is ph
                            and u.args[0] is not ph for u in users)):
             continue

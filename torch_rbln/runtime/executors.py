@@ -426,9 +426,12 @@ def _cpu_flags() -> set:
 @dataclass(frozen=True)
 class MatmulPrecision:
     """How half-precision matmuls compute on this host: ``"native"`` (the dtype's own CPU
-    kernel) or ``"widen"`` (fp32 operands, one rounding), per dtype, and why."""
+    kernel) or ``"widen"`` (fp32 operands, one rounding), per dtype, and why. ``kernels``: the
+    dtypes this CPU has native GEMM kernels for (a superset of ``native``: a kernel measured
+    slower than widening still serves the matmuls with too few rows to widen)."""
     native: frozenset
     reason: str
+    kernels: frozenset = frozenset()
 
     def form(self, dtype) -> str:
         return "native" if dtype in self.native else "widen"
@@ -552,8 +555,8 @@ def matmul_precision() -> MatmulPrecision:
     from .. import config
     forced = config.latched("TORCH_RBLN_MATMUL_PRECISION")
     if forced == "native":
-        return MatmulPrecision(frozenset({torch.float16, torch.bfloat16}),
-                               "TORCH_RBLN_MATMUL_PRECISION=native")
+        both = frozenset({torch.float16, torch.bfloat16})
+        return MatmulPrecision(both, "TORCH_RBLN_MATMUL_PRECISION=native", both)
     if forced == "widen":
         return MatmulPrecision(frozenset(), "TORCH_RBLN_MATMUL_PRECISION=widen")
     cap = torch.backends.cpu.get_cpu_capability()
@@ -570,6 +573,7 @@ def matmul_precision() -> MatmulPrecision:
     found = [f for f in ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16") if f in flags]
     reason = (f"capability {cap}, CPU flags: {', '.join(found) or 'none'}"
               f"{'; ONEDNN_MAX_CPU_ISA=' + isa if isa != 'ALL' else ''}")
+    kernels = frozenset(native)
     if native:
         key = "|".join((_cpu_model(), ",".join(sorted(found)), torch.__version__, cap, isa))
         ratios = _measured_ratios(key, native)
@@ -578,7 +582,7 @@ def matmul_precision() -> MatmulPrecision:
             reason += (f"; {str(d).removeprefix('torch.')}'s native GEMM measured "
                        f"{ratios[d]:.2f}x the time of widening on this CPU")
         native = [d for d in native if d not in slow]
-    return MatmulPrecision(frozenset(native), reason)
+    return MatmulPrecision(frozenset(native), reason, kernels)
 
 
 # Below this many rows of the left operand, widening costs more than it saves: the conversion
@@ -600,15 +604,18 @@ def packed_dtypes() -> frozenset:
     """The dtypes whose linear programs take their weight in the host GEMM library's blocked
     layout (PyTorch's packed linear: oneDNN's weight format, made once per weight and kept
     until the weight is written; ``StorageState.device_input_packed`` in the native core): the
-    half-precision dtypes with native GEMMs on this CPU. The results are the plain linear's,
-    bit for bit; what changes is the time (the weight is not re-laid-out by every call), as an
-    NPU's compiler lays weights out for its matrix units once."""
+    half-precision dtypes with native GEMM kernels on this CPU, including one whose kernel
+    measured slower than widening: its linears with too few rows to widen (a decode step's)
+    take the packed kernel, the fastest form there (bf16, 16 x 512 x 1536, AVX512-BF16 without
+    AMX: packed 253 us, plain 317 us, widened 340 us). The results are the plain linear's, bit
+    for bit; what changes is the time (the weight is not re-laid-out by every call), as an NPU's
+    compiler lays weights out for its matrix units once."""
     if not (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return frozenset()
     mkldnn = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
               torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
-    return frozenset(d for d in matmul_precision().native if mkldnn[d])
+    return frozenset(d for d in matmul_precision().kernels if mkldnn[d])
 
 
 _packed_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
