@@ -48,7 +48,7 @@ inline bool python_path_wanted() {
   return detail::python_path.load(std::memory_order_relaxed);
 }
 
-// Count one event: two relaxed atomic adds, or the Python stream while a listener wants it.
+// Count one event: one or two relaxed atomic adds, or the Python stream while a listener wants it.
 inline void record(Counter* c, int64_t amount = 0) {
   if (detail::listening.load(std::memory_order_relaxed) &&
       c->wanted.load(std::memory_order_relaxed)) {
@@ -56,7 +56,9 @@ inline void record(Counter* c, int64_t amount = 0) {
     return;
   }
   c->count.fetch_add(1, std::memory_order_relaxed);
-  c->amount.fetch_add(amount, std::memory_order_relaxed);
+  if (amount != 0) {  // most events carry none: one locked add less
+    c->amount.fetch_add(amount, std::memory_order_relaxed);
+  }
 }
 
 // ------------------------------------------------------------------------------------------

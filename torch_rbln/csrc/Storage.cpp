@@ -865,12 +865,14 @@ at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Sca
       sizes, strides, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
 }
 
-at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index) {
-  return tensor_on(device_data_ptr(memory, nbytes, index), nbytes, memory.scalar_type(),
+at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index,
+                             const char* const* eager_raw) {
+  return tensor_on(device_data_ptr(memory, nbytes, index, eager_raw), nbytes, memory.scalar_type(),
                    memory.sizes(), memory.strides(), 0);
 }
 
-c10::DataPtr device_data_ptr(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index) {
+c10::DataPtr device_data_ptr(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index,
+                             const char* const* eager_raw) {
   Arena& arena = claim(index);
   // the output's memory is the host view too (one physical copy, as wrap_host's): a later d2h
   // records its transfer and moves no bytes
@@ -882,7 +884,11 @@ c10::DataPtr device_data_ptr(const at::Tensor& memory, int64_t nbytes, c10::Devi
   c10::DataPtr dp(host, s, &release_state, c10::Device(c10::DeviceType::PrivateUse1, index));
   // the variable is validated as at every allocation, but an adopted output is booked now
   // either way (with or without it, the arena's statistics move alike)
-  eager_malloc();
+  if (eager_raw != nullptr) {
+    eager_malloc_of(*eager_raw);
+  } else {
+    eager_malloc();
+  }
   s->block = arena.malloc(nbytes, /*with_memory=*/false);
   s->block->memory = memory;  // booked with the output's memory (its caching at the free) ...
   arena.lend(*s->block, memory);  // ... which the host view is
@@ -918,7 +924,10 @@ int64_t live_storage_states() {
 }
 
 bool eager_malloc() {
-  const char* raw = std::getenv("TORCH_RBLN_EAGER_MALLOC");
+  return eager_malloc_of(std::getenv("TORCH_RBLN_EAGER_MALLOC"));
+}
+
+bool eager_malloc_of(const char* raw) {
   if (raw == nullptr) {
     return false;
   }

@@ -247,9 +247,12 @@ at::Tensor new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Sca
 // A fresh rbln tensor whose device memory *is* `memory`, a program output that owns its whole
 // dense storage of `nbytes` bytes: device-latest, nothing copied (one step per op output). The
 // same memory is its host view (as wrap_host's), lent to the block: a d2h moves no bytes.
-at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index);
+// `eager_raw`: TORCH_RBLN_EAGER_MALLOC as the caller read it for this call (null: read it here)
+at::Tensor new_device_tensor(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index,
+                             const char* const* eager_raw = nullptr);
 // new_device_tensor's storage memory: the DataPtr of a device-latest state over `memory`
-c10::DataPtr device_data_ptr(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index);
+c10::DataPtr device_data_ptr(const at::Tensor& memory, int64_t nbytes, c10::DeviceIndex index,
+                             const char* const* eager_raw = nullptr);
 // An rbln tensor whose host view *is* `cpu`'s storage (zero copy), host-latest.
 at::Tensor wrap_host(const at::Tensor& cpu, c10::DeviceIndex index);
 
@@ -268,6 +271,8 @@ int64_t live_storage_states();
 // TORCH_RBLN_EAGER_MALLOC now (read at every allocation). Python validates a value it cannot
 // read as a flag (the bindings set the parser).
 bool eager_malloc();
+// the same for a value the caller read (null: the variable is unset)
+bool eager_malloc_of(const char* raw);
 void set_eager_malloc_parser(bool (*parse)(const char* raw));
 
 }  // namespace torch_rbln

@@ -29,8 +29,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
+#include <unistd.h>  // environ
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -58,6 +60,9 @@ namespace torch_rbln {
 
 // results.deliver_device of a fresh result (defined below, with the layout helpers)
 at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index);
+// the same, with TORCH_RBLN_EAGER_MALLOC as the call read it
+at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index,
+                             const char* const* eager_raw);
 
 namespace {
 
@@ -113,9 +118,40 @@ bool tracing() {
   return ts != nullptr && ts->c_traceobj != nullptr;
 }
 
-// TORCH_RBLN_DEPLOY now: 1 on ("ON"), 0 off (unset, "", "OFF"), -1 a bad value (Python raises)
-int deploy() {
-  const char* raw = std::getenv("TORCH_RBLN_DEPLOY");
+// The variables a call reads, as they are now (they are live): TORCH_RBLN_DEPLOY,
+// TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK and TORCH_RBLN_EAGER_MALLOC, in one pass over the
+// environment (getenv makes a pass per name; three were a twentieth of a small op's work).
+// Null where unset; the first entry of a name counts, as for getenv.
+struct Env {
+  const char* deploy = nullptr;
+  const char* disable = nullptr;
+  const char* eager = nullptr;
+};
+
+Env read_env() {
+  static constexpr char kPrefix[] = "TORCH_RBLN_";
+  constexpr size_t kLen = sizeof(kPrefix) - 1;
+  Env e;
+  for (char** p = environ; p != nullptr && *p != nullptr; ++p) {
+    const char* s = *p;
+    if (s[0] != 'T' || std::strncmp(s, kPrefix, kLen) != 0) {
+      continue;
+    }
+    const char* rest = s + kLen;
+    auto take = [rest](const char* name, size_t n, const char*& slot) {
+      if (slot == nullptr && std::strncmp(rest, name, n) == 0 && rest[n] == '=') {
+        slot = rest + n + 1;
+      }
+    };
+    take("DEPLOY", 6, e.deploy);
+    take("DEV_DISABLE_OP_CPU_FALLBACK", 27, e.disable);
+    take("EAGER_MALLOC", 12, e.eager);
+  }
+  return e;
+}
+
+// TORCH_RBLN_DEPLOY: 1 on ("ON"), 0 off (unset, "", "OFF"), -1 a bad value (Python raises)
+int deploy(const char* raw) {
   if (raw == nullptr || raw[0] == '\0' || std::strcmp(raw, "OFF") == 0) {
     return 0;
   }
@@ -123,8 +159,7 @@ int deploy() {
 }
 
 // TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK names checks to skip (the Python path warns and skips)
-bool checks_disabled() {
-  const char* raw = std::getenv("TORCH_RBLN_DEV_DISABLE_OP_CPU_FALLBACK");
+bool checks_disabled(const char* raw) {
   return raw != nullptr && raw[0] != '\0';
 }
 
@@ -369,13 +404,16 @@ namespace {
 // the cache key: everything the Python key is made of (and more: strides, the out tensor), so
 // one key here always means one key there
 
+// a call's key and the operands met while making it, on the stack: no allocation per call
+using Key = c10::SmallVector<int64_t, 64>;
+using Seen = c10::SmallVector<const c10::TensorImpl*, 8>;
+
 enum Tag : int64_t {
   kNone = 1, kBool, kInt, kDouble, kString, kIntList, kDevice, kDeviceTensor, kScalarTensor,
   kBoolList,
 };
 
-bool key_of_tensor(const at::Tensor& t, std::vector<const c10::TensorImpl*>& seen,
-                   std::vector<int64_t>& key) {
+bool key_of_tensor(const at::Tensor& t, Seen& seen, Key& key) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   int64_t first = static_cast<int64_t>(seen.size());
   for (size_t i = 0; i < seen.size(); ++i) {
@@ -405,8 +443,7 @@ bool key_of_tensor(const at::Tensor& t, std::vector<const c10::TensorImpl*>& see
   return true;
 }
 
-bool key_of(const c10::IValue& v, std::vector<const c10::TensorImpl*>& seen,
-            std::vector<int64_t>& key) {
+bool key_of(const c10::IValue& v, Seen& seen, Key& key) {
   if (v.isTensor()) {
     return key_of_tensor(v.toTensor(), seen, key);
   }
@@ -451,7 +488,7 @@ bool key_of(const c10::IValue& v, std::vector<const c10::TensorImpl*>& seen,
   return true;
 }
 
-uint64_t hash_key(const std::vector<int64_t>& key) {
+uint64_t hash_key(c10::ArrayRef<int64_t> key) {
   uint64_t h = 1469598103934665603ull;
   for (int64_t x : key) {
     h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -475,6 +512,7 @@ struct Call {
   c10::DeviceIndex index = 0;
   c10::ScalarType dtype = at::kHalf;  // the operands' dtype (a widened matmul rounds to it)
   int deploy = 0;
+  const char* eager_raw = nullptr;  // TORCH_RBLN_EAGER_MALLOC as read for this call
   bool device_rules = true;  // the dtype rule passes (the later rules, the NaN/Inf scan, apply)
   bool aligned = true;       // ... and the 64-alignment rule
 };
@@ -497,7 +535,7 @@ class WarmKernel final : public c10::OperatorKernel {
     const auto& schema = op.schema();
     const size_t n = schema.arguments().size();
     c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
-    std::vector<int64_t> key;
+    Key key;
     Call call;
     if (!enabled.load(std::memory_order_relaxed) || !admissible(schema, args, key, call)) {
       python_path(op, stack, {});
@@ -506,7 +544,7 @@ class WarmKernel final : public c10::OperatorKernel {
     std::vector<int64_t> out_sizes;
     events::Counter* fallback = nullptr;
     if (!lookup(key, out_sizes, fallback)) {
-      python_path(op, stack, std::move(key));
+      python_path(op, stack, std::vector<int64_t>(key.begin(), key.end()));
       return;
     }
     if (mode_ != Mode::Functional && args[out_arg_].toTensor().sizes() != out_sizes) {
@@ -566,15 +604,19 @@ class WarmKernel final : public c10::OperatorKernel {
   // May this call take the warm path (before the key lookup)? Fills `key`. Every failed check
   // here is the Python path's to decide (and report).
   bool admissible(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
-                  std::vector<int64_t>& key, Call& call) {
-    if (events::python_path_wanted() || checks_disabled() ||
-        program_depth > 0 || c10::impl::TorchDispatchModeTLS::stack_len() > 0 || tracing()) {
+                  Key& key, Call& call) {
+    if (events::python_path_wanted() || program_depth > 0 ||
+        c10::impl::TorchDispatchModeTLS::stack_len() > 0 || tracing()) {
+      return false;
+    }
+    const Env env = read_env();
+    if (checks_disabled(env.disable)) {
       return false;
     }
     if (form_ == Form::Sdpa && !plain_attention(args)) {
       return false;  // a mask, dropout, the debug weights or not 4-D: the Python program's
     }
-    const int dep = deploy();
+    const int dep = deploy(env.deploy);
     if (dep < 0) {
       return false;
     }
@@ -637,11 +679,11 @@ class WarmKernel final : public c10::OperatorKernel {
     call.index = *index;
     call.dtype = d0.value_or(at::kHalf);
     call.deploy = dep;
+    call.eager_raw = env.eager;
     call.device_rules = dtype_ok;
     call.aligned = !unaligned;
     // Python floats among the positional arguments (the NaN/Inf rule), and the key
-    std::vector<const c10::TensorImpl*> seen;
-    key.reserve(48);
+    Seen seen;
     key.push_back(*index);
     for (size_t i = 0; i < args.size(); ++i) {
       const auto& v = args[i];
@@ -676,7 +718,7 @@ class WarmKernel final : public c10::OperatorKernel {
     return true;
   }
 
-  bool lookup(const std::vector<int64_t>& key, std::vector<int64_t>& out_sizes,
+  bool lookup(c10::ArrayRef<int64_t> key, std::vector<int64_t>& out_sizes,
               events::Counter*& fallback) {
     const int64_t gen = generation.load(std::memory_order_acquire);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -685,7 +727,7 @@ class WarmKernel final : public c10::OperatorKernel {
       return false;
     }
     for (const auto& p : it->second) {
-      if (p.key == key) {
+      if (key.equals(p.key)) {
         if (p.generation != gen) {
           return false;
         }
@@ -812,7 +854,8 @@ class WarmKernel final : public c10::OperatorKernel {
   // the device program on device aliases, and its result delivered (device_op.kernel)
   void run(const c10::FunctionSchema& schema, torch::jit::Stack* stack, size_t n,
            const Call& call) {
-    auto args = torch::jit::pop(*stack, n);
+    // the arguments stay on the stack until the result replaces them
+    c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
     bool widen = form_ == Form::Matmul && contains(widened_dtypes, call.dtype);
     if (widen) {  // rows of the left operand, per batch entry (executors.widens)
       const int src = fn_args_[left_];
@@ -831,7 +874,7 @@ class WarmKernel final : public c10::OperatorKernel {
     }
     // the program's operand aliases, per argument; a widened operand's half-precision bytes
     // are not taken (its kept fp32 form serves, below)
-    std::vector<at::Tensor> inputs(n);
+    c10::SmallVector<at::Tensor, 8> inputs(n);
     for (size_t i = 0; i < n; ++i) {
       const auto& v = args[i];
       if (v.isTensor() && !schema.arguments()[i].kwarg_only()) {
@@ -861,10 +904,17 @@ class WarmKernel final : public c10::OperatorKernel {
       packed_linear.callBoxed(pl);
       result = pl.back().toTensor();
     } else {
-      torch::jit::Stack fn_stack = fn_stack_of(args, inputs);
+      // this thread's scratch stack: a program runs no other program's run() (Depth), and the
+      // stack keeps its capacity, so a call allocates none
+      thread_local torch::jit::Stack fn_stack;
+      struct Cleared {  // holds no operand after the call, however it ends
+        torch::jit::Stack& s;
+        ~Cleared() { s.clear(); }
+      } cleared{fn_stack};
+      fill_fn_stack(fn_stack, args, inputs);
       Depth depth;
       fn_.callBoxed(fn_stack);
-      result = fn_stack.back().toTensor();
+      result = std::move(fn_stack.back()).toTensor();
     }
     if (widen && result.scalar_type() != call.dtype) {
       result = result.to(call.dtype);
@@ -880,10 +930,14 @@ class WarmKernel final : public c10::OperatorKernel {
     }
     events::record_program(program_, call.index, t0);
     if (mode_ == Mode::Functional) {
-      stack->emplace_back(new_device_result(std::move(result), call.index));
+      inputs.clear();
+      torch::jit::drop(*stack, n);
+      stack->emplace_back(new_device_result(std::move(result), call.index, &call.eager_raw));
       return;
     }
-    const at::Tensor& out = args[out_arg_].toTensor();
+    const at::Tensor out = args[out_arg_].toTensor();
+    inputs.clear();
+    torch::jit::drop(*stack, n);
     if (out.sizes() != result.sizes()) {
       py::gil_scoped_acquire gil;
       (*python_deliver)(result, out, static_cast<int>(call.index));
@@ -1007,9 +1061,16 @@ class WarmKernel final : public c10::OperatorKernel {
   Form form_;
   // fn's arguments: the alias in `inputs` where there is one, else the registered op's own
   // argument, else fn's default
-  torch::jit::Stack fn_stack_of(const std::vector<c10::IValue>& args,
-                                const std::vector<at::Tensor>& inputs) const {
+  torch::jit::Stack fn_stack_of(c10::ArrayRef<c10::IValue> args,
+                                c10::ArrayRef<at::Tensor> inputs) const {
     torch::jit::Stack fn_stack;
+    fill_fn_stack(fn_stack, args, inputs);
+    return fn_stack;
+  }
+
+  void fill_fn_stack(torch::jit::Stack& fn_stack, c10::ArrayRef<c10::IValue> args,
+                     c10::ArrayRef<at::Tensor> inputs) const {
+    fn_stack.clear();
     fn_stack.reserve(fn_args_.size());
     const auto& fn_schema = fn_.schema();
     for (size_t j = 0; j < fn_args_.size(); ++j) {
@@ -1022,7 +1083,6 @@ class WarmKernel final : public c10::OperatorKernel {
         fn_stack.push_back(args[src]);
       }
     }
-    return fn_stack;
   }
 
   std::vector<int> fn_args_;  // per argument of fn: the registered op's argument, or -1
@@ -1072,11 +1132,17 @@ bool spans_bytes(const at::Tensor& t, int64_t nbytes) {
   return spans(t, nbytes);
 }
 
-at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index) {
+at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index,
+                             const char* const* eager_raw) {
   if (result.is_view() || !spans_own_storage(result)) {
     result = result.clone(at::MemoryFormat::Contiguous);
   }
-  return new_device_tensor(result, result.numel() * static_cast<int64_t>(result.itemsize()), index);
+  return new_device_tensor(result, result.numel() * static_cast<int64_t>(result.itemsize()), index,
+                           eager_raw);
+}
+
+at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index) {
+  return new_device_result(std::move(result), index, nullptr);
 }
 
 void bind_warm_path(py::module_& m) {
