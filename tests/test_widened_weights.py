@@ -240,3 +240,41 @@ def test_graph_partitions_take_packed_weights():
         pytest.skip("PyTorch's packed linear has no bf16 kernel on this host")
     assert r == {"packs": True, "equal": True, "packed_op": True, "kept": r["kept"]}, r
     assert r["kept"] > 0, r
+
+
+def test_a_graph_over_a_dynamic_batch_chooses_the_linear_form_per_call():
+    """vLLM traces one graph whose token count is symbolic: each call's linears take the form its
+    rows choose, as eager programs do (a decode step's few rows keep the half-precision or packed
+    kernel; a prefill's widen), not the form the size hint chose at compile time."""
+    r = run_json("""
+        import torch, torch.nn.functional as F
+        from torch_rbln.runtime import executors
+        from torch.profiler import profile, ProfilerActivity, record_function
+        B = torch.bfloat16
+        torch.manual_seed(0)
+        dev = torch.nn.Linear(512, 256).to(B).to("rbln")
+        f = torch.compile(lambda t: F.silu(dev(t)), backend="rbln", dynamic=True)
+        out = {"widens": executors.widens(B, 256), "packs": B in executors.packed_dtypes()}
+        with torch.no_grad():
+            for rows in (256, 16, 128, 8):
+                x = torch.randn(rows, 512, dtype=B).to("rbln")
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    y = f(x).cpu()
+                gemms = sorted({(e.key, str(e.input_dtypes[:1])) for e in prof.events()
+                                if e.key in ("aten::addmm", "aten::mm", "aten::linear",
+                                             "mkldnn::_linear_pointwise")})
+                out[rows] = {"equal_eager": torch.equal(y, F.silu(dev(x)).cpu()),
+                             "gemms": gemms}
+        print(json.dumps(out))
+    """)
+    if not r["widens"]:
+        pytest.skip("bf16 matmuls do not widen on this host: one form serves every call")
+    for rows in ("256", "128"):
+        assert r[rows]["equal_eager"], r
+        assert ["aten::addmm", "['float']"] in r[rows]["gemms"], r      # the widened GEMM
+    for rows in ("16", "8"):
+        assert r[rows]["equal_eager"], r
+        small = {k for k, _ in r[rows]["gemms"]}
+        assert ["aten::addmm", "['float']"] not in r[rows]["gemms"], r
+        assert small == ({"mkldnn::_linear_pointwise"} if r["packs"] else
+                         {"aten::linear", "aten::addmm"}), r

@@ -36,9 +36,9 @@ from .. import events
 from ..dispatch import compiler_optable, rules
 from ..runtime import caches, devices
 from . import programs, split
-from .rewrite import (compilable, fp32_matmuls, inject_fault, packed_inputs, to_cpu_devices,
-                      use_custom_kernels, widen_cuda_dtypes, widened_inputs)
-from .runners import DevicePartition, EagerCall, HostPartition, Results
+from .rewrite import (compilable, fp32_matmuls, inject_fault, linears_by_rows, packed_inputs,
+                      to_cpu_devices, use_custom_kernels, widen_cuda_dtypes, widened_inputs)
+from .runners import DevicePartition, EagerCall, Forms, HostPartition, Results
 
 __all__ = ["rbln_backend", "drop_all"]
 
@@ -135,13 +135,16 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode, device_side: bo
     gm = torch.fx.GraphModule(sub, copy.deepcopy(sub.graph))   # compile_fx may mutate its graph
     to_cpu_devices(gm)
     widened = packed = frozenset()
+    fp32_of: tuple = ()
     if device_side:
+        fp32_of = linears_by_rows(gm)
         fp32_matmuls(gm)
         widened = widened_inputs(gm)
         packed = packed_inputs(gm, widened)
-    if widened:
+    if widened or fp32_of:
         with fake_mode:
             cpu = [v.float() if i in widened else v for i, v in enumerate(cpu)]
+            cpu += [cpu[i].float() for i in fp32_of]
     # no per-call size/alignment asserts: Dynamo's guards fix each input's shape and strides,
     # and the values between partitions come from programs compiled for them
     with (torch._guards.tracing(torch._guards.TracingContext(fake_mode)),
@@ -152,7 +155,7 @@ def _inductor(sub: torch.fx.GraphModule, fakes: list, fake_mode, device_side: bo
     def run(*args):
         out = fn(*args)
         return out if isinstance(out, (tuple, list)) else (out,)
-    return run, widened, packed
+    return run, Forms(widened, packed, fp32_of)
 
 
 def _output_values(gm: torch.fx.GraphModule) -> tuple:

@@ -205,10 +205,87 @@ _packed_linear = torch.ops.torch_rbln.packed_linear.default
 _linear = torch.ops.aten.linear.default
 
 
+# a linear whose rows are known per call only (a symbolic batch): both forms of the eager linear
+# program are bound, and each call takes the one its rows choose (``executors.widens``), as the
+# eager program would: the weight's fp32 form (a widened GEMM, one rounding) for enough rows, else
+# the weight itself (packed where this dtype packs: ``packed_inputs``)
+_lib.define("linear_by_rows(Tensor input, Tensor weight, Tensor weight_fp32, Tensor? bias=None)"
+            " -> Tensor")
+
+
+def _linear_by_rows(x, w, w32, b=None):
+    if executors.widens(x.dtype, x.numel() // max(x.shape[-1], 1)):
+        return _linear(x.float(), w32, None if b is None else b.float()).to(x.dtype)
+    return executors.linear_packed(x, w, b)
+
+
+_lib.impl("linear_by_rows", _linear_by_rows, "CompositeExplicitAutograd")
+_lib.impl("linear_by_rows", lambda x, w, w32, b=None: x.new_empty((*x.shape[:-1], w.shape[0])),
+          "Meta")
+_by_rows = torch.ops.torch_rbln.linear_by_rows.default
+
+
+def _symbolic(n: torch.fx.Node) -> bool:
+    """Whether the rows of a matmul node's left operand are known per call only."""
+    a = n.args[0]
+    v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    return isinstance(v, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) and not isinstance(s.node.maybe_as_int(), int)
+        for s in v.shape[:-1])
+
+
+def _placeholders_first(g: torch.fx.Graph, phs: list) -> None:
+    """Move the inputs, in their order, ahead of every other node (a split partition's come
+    where their first user is), so that an input appended after them is defined before any
+    node uses it."""
+    first = next(iter(g.nodes))
+    if first is not phs[0]:
+        first.prepend(phs[0])
+    for a, b in zip(phs, phs[1:]):
+        a.append(b)
+
+
+def linears_by_rows(gm: torch.fx.GraphModule) -> tuple:
+    """Linears of a half-precision dtype that widens (:func:`fp32_matmuls`' choice), over a
+    symbolic number of rows, on a weight the partition takes as an input: the choice is made per
+    call (``torch_rbln::linear_by_rows``), not once from the size hint (vLLM traces one graph
+    whose token count hints at a prefill's; its decode steps have a few rows). Each such weight
+    gets a second input, appended after the others, that the runner binds to the weight's kept
+    fp32 form. Returns the input position each appended input is the fp32 form of."""
+    g = gm.graph
+    phs = list(g.find_nodes(op="placeholder"))
+    position = {ph: i for i, ph in enumerate(phs)}
+    fp32_of: dict = {}
+    for n in list(g.nodes):
+        if n.op != "call_function" or n.target is not _linear or len(n.args) < 2:
+            continue
+        v, w = n.meta.get("val"), n.args[1]
+        wv = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
+        if (w not in position or n.args[0] is w or not isinstance(wv, torch.Tensor)
+                or wv.dim() != 2 or not isinstance(v, torch.Tensor) or v.dtype != wv.dtype
+                or not executors.widens(v.dtype, None) or not _symbolic(n)):
+            continue
+        w32 = fp32_of.get(w)
+        if w32 is None:
+            if not fp32_of:
+                _placeholders_first(g, phs)
+            with g.inserting_after(phs[-1]):
+                w32 = fp32_of[w] = g.placeholder(f"{w.name}_fp32")
+            with wv.fake_mode:
+                w32.meta["val"] = torch.empty_like(wv, dtype=torch.float32)
+            phs.append(w32)
+        n.target = _by_rows
+        n.args = (n.args[0], w, w32, *n.args[2:])
+    if fp32_of:
+        gm.recompile()
+    return tuple(position[w] for w in fp32_of)
+
+
 def packed_inputs(gm: torch.fx.GraphModule, widened: frozenset = frozenset()) -> frozenset:
     """Inputs that only ever serve as the 2-D weight of a linear in a dtype whose linear
     programs take packed weights (``executors.packed_dtypes``): their linears call
-    ``torch_rbln::packed_linear`` and the runner passes the weight's kept packed form, as the
+    ``torch_rbln::packed_linear`` (or ``linear_by_rows``, whose few-row calls then take it) and
+    the runner passes the weight's kept packed form, as the
     eager linear program takes it, so a weight is laid out once, not per call. Positions in
     ``widened`` (taken in fp32, ``widened_inputs``) are not packed. Returns the positions of
     those placeholders."""
@@ -220,11 +297,12 @@ def packed_inputs(gm: torch.fx.GraphModule, widened: frozenset = frozenset()) ->
         v = ph.meta.get("val")
         users = list(ph.users)
         if (i in widened or not isinstance(v, torch.Tensor) or v.dim() != 2 or v.dtype not in packed or not users
-                or not all(u.target is _linear and len(u.args) >= 2 and u.args[1] is ph
-                           and u.args[0] is not ph for u in users)):
+                or not all(u.target in (_linear, _by_rows) and len(u.args) >= 2
+                           and u.args[1] is ph and u.args[0] is not ph for u in users)):
             continue
         for u in users:
-            u.target = _packed_linear
+            if u.target is _linear:
+                u.target = _packed_linear
         out.add(i)
     if out:
         gm.recompile()

@@ -15,6 +15,7 @@ Residency follows eager's rules (docs/tensors-and-memory.md ("Device tensors and
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +33,16 @@ _span_start = events.span_start
 _perf_ns = time.perf_counter_ns
 _as_strided = torch.ops.aten.as_strided.default._handle
 _Tensor = torch.Tensor
+
+
+class Forms(NamedTuple):
+    """The forms in which a device program takes some of its inputs (``graph/rewrite.py``):
+    positions it takes in fp32 (a weight's kept widened form), positions it takes packed (the
+    kept packed form), and inputs appended after the graph's own, each the fp32 form of the
+    input at that position (its linears choose per call: ``linears_by_rows``)."""
+    widened: frozenset = frozenset()
+    packed: frozenset = frozenset()
+    fp32_of: tuple = ()
 
 
 class Staged:
@@ -71,6 +82,7 @@ class _Partition:
 
     widened: frozenset = frozenset()    # positions the program takes in fp32 (rewrite.py)
     packed: frozenset = frozenset()     # ... and as packed weights (rewrite.packed_inputs)
+    fp32_of: tuple = ()                 # appended inputs: the fp32 form of these positions
 
     def _bind(self, args):
         cpu_args = []
@@ -95,6 +107,15 @@ class _Partition:
                         owners.setdefault(c.untyped_storage().data_ptr(), a)
                     a = c
             elif widened and i in widened:
+                a = a.float()
+            cpu_args.append(a)
+        for i in self.fp32_of:
+            a = args[i]
+            if type(a) is Staged:
+                a = a.read(device_side, self.index).float()
+            elif isinstance(a, _Tensor) and a.get_device() >= 0:
+                a = device_input_widened(a)
+            else:
                 a = a.float()
             cpu_args.append(a)
         return cpu_args, owners
@@ -122,12 +143,12 @@ class DevicePartition(_Partition):
     def __init__(self, name, rbln_out, index, key, compile_fn, aliases: bool = True):
         super().__init__(name, rbln_out, index, aliases)
         self.key = key                  # the program's name in events (`device_program`)
-        # () -> (callable on CPU tensors, widened positions, packed positions)
+        # () -> (callable on CPU tensors, its inputs' Forms)
         self.compile_fn = compile_fn
         self.fn = None
 
     def build(self) -> None:
-        self.fn, self.widened, self.packed = self.compile_fn()
+        self.fn, (self.widened, self.packed, self.fp32_of) = self.compile_fn()
 
     def drop(self) -> None:
         self.fn = None
