@@ -128,6 +128,16 @@ struct Env {
   const char* eager = nullptr;
 };
 
+// `slot` <- the value of `rest` if it is `name=value` (the first such entry wins, as getenv's);
+// the name's length comes from the literal
+template <size_t N>
+void take_env(const char* rest, const char (&name)[N], const char*& slot) {
+  constexpr size_t n = N - 1;
+  if (slot == nullptr && std::strncmp(rest, name, n) == 0 && rest[n] == '=') {
+    slot = rest + n + 1;
+  }
+}
+
 Env read_env() {
   static constexpr char kPrefix[] = "TORCH_RBLN_";
   constexpr size_t kLen = sizeof(kPrefix) - 1;
@@ -138,14 +148,9 @@ Env read_env() {
       continue;
     }
     const char* rest = s + kLen;
-    auto take = [rest](const char* name, size_t n, const char*& slot) {
-      if (slot == nullptr && std::strncmp(rest, name, n) == 0 && rest[n] == '=') {
-        slot = rest + n + 1;
-      }
-    };
-    take("DEPLOY", 6, e.deploy);
-    take("DEV_DISABLE_OP_CPU_FALLBACK", 27, e.disable);
-    take("EAGER_MALLOC", 12, e.eager);
+    take_env(rest, "DEPLOY", e.deploy);
+    take_env(rest, "DEV_DISABLE_OP_CPU_FALLBACK", e.disable);
+    take_env(rest, "EAGER_MALLOC", e.eager);
   }
   return e;
 }
