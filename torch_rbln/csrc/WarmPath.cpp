@@ -67,43 +67,6 @@ at::Tensor new_device_result(at::Tensor result, c10::DeviceIndex index,
 namespace {
 
 enum class Mode : int8_t { Out = 0, Inplace = 1, Functional = 2 };
-// the host kernel of an op (its CPU kernel, or the composite one that serves CPU)
-const c10::DispatchKeySet kHostKernel(c10::DispatchKey::CPU);
-// operands whose values are read through a dispatcher fallback (a conjugate or negative view's
-// bit, a zero tensor): only the dispatcher's pass from the top materializes them
-const c10::DispatchKeySet kReadThroughFallback({c10::DispatchKey::Conjugate,
-                                                c10::DispatchKey::Negative,
-                                                c10::DispatchKey::ZeroTensor});
-
-bool reads_through_fallback(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const auto& t = v.toTensor();
-    return t.defined() && t.key_set().has_any(kReadThroughFallback);
-  }
-  if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) {
-      if (t.defined() && t.key_set().has_any(kReadThroughFallback)) {
-        return true;
-      }
-    }
-  }
-  return false;
-}
-
-// the op's host kernel on host operands: straight to it (the operands are host aliases below
-// the rbln op's own autograd and autocast, so the dispatcher's pass from the top -- key
-// extraction, the autograd and view wrappers -- would only find that kernel at its end), unless
-// an operand is read through a fallback
-void call_host(const c10::OperatorHandle& fn, torch::jit::Stack& stack) {
-  for (const auto& v : stack) {
-    if (reads_through_fallback(v)) {
-      fn.callBoxed(stack);
-      return;
-    }
-  }
-  fn.redispatchBoxed(kHostKernel, &stack);
-}
-
 // Direct: the functional op on device aliases; Matmul: the same, with fp32 operands and one
 // rounding for the dtypes this CPU has no native GEMM for (executors.matmul); Sdpa: the device
 // attention op's program without mask or dropout (executors.sdpa_forward's fused form);
@@ -877,7 +840,7 @@ class WarmKernel final : public c10::OperatorKernel {
       }
     }
     torch::jit::Stack fn_stack = fn_stack_of(args, inputs);
-    call_host(fn_, fn_stack);
+    fn_.callBoxed(fn_stack);
     at::Tensor result = fn_stack.back().toTensor();
     if (mode_ == Mode::Functional) {  // results.wrap_result
       if (!spans_own_storage(result)) {
@@ -955,7 +918,7 @@ class WarmKernel final : public c10::OperatorKernel {
       } cleared{fn_stack};
       fill_fn_stack(fn_stack, args, inputs);
       Depth depth;
-      call_host(fn_, fn_stack);
+      fn_.callBoxed(fn_stack);
       result = std::move(fn_stack.back()).toTensor();
     }
     if (widen && result.scalar_type() != call.dtype) {
