@@ -249,7 +249,7 @@ def test_a_graph_over_a_dynamic_batch_chooses_the_linear_form_per_call():
     r = run_json("""
         import torch, torch.nn.functional as F
         from torch_rbln.runtime import executors
-        from torch.profiler import profile, ProfilerActivity, record_function
+        from torch.profiler import profile, ProfilerActivity
         B = torch.bfloat16
         torch.manual_seed(0)
         dev = torch.nn.Linear(512, 256).to(B).to("rbln")

@@ -227,11 +227,10 @@ _by_rows = torch.ops.torch_rbln.linear_by_rows.default
 
 def _symbolic(n: torch.fx.Node) -> bool:
     """Whether the rows of a matmul node's left operand are known per call only."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
     a = n.args[0]
     v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-    return isinstance(v, torch.Tensor) and any(
-        isinstance(s, torch.SymInt) and not isinstance(s.node.maybe_as_int(), int)
-        for s in v.shape[:-1])
+    return isinstance(v, torch.Tensor) and not all(map(is_concrete_int, v.shape[:-1]))
 
 
 def _placeholders_first(g: torch.fx.Graph, phs: list) -> None:
@@ -285,10 +284,9 @@ def packed_inputs(gm: torch.fx.GraphModule, widened: frozenset = frozenset()) ->
     """Inputs that only ever serve as the 2-D weight of a linear in a dtype whose linear
     programs take packed weights (``executors.packed_dtypes``): their linears call
     ``torch_rbln::packed_linear`` (or ``linear_by_rows``, whose few-row calls then take it) and
-    the runner passes the weight's kept packed form, as the
-    eager linear program takes it, so a weight is laid out once, not per call. Positions in
-    ``widened`` (taken in fp32, ``widened_inputs``) are not packed. Returns the positions of
-    those placeholders."""
+    the runner passes the weight's kept packed form, as the eager linear program takes it, so a
+    weight is laid out once, not per call. Positions in ``widened`` (taken in fp32,
+    ``widened_inputs``) are not packed. Returns the positions of those placeholders."""
     packed = executors.packed_dtypes()
     out = set()
     if not packed:

@@ -88,37 +88,32 @@ class _Partition:
         cpu_args = []
         owners = {} if self.aliases else None
         read = self._input          # this side's read (an h2d or d2h where due), then an alias
-        device_side = self.device_side
         widened = self.widened
         packed = self.packed
         for i, a in enumerate(args):
-            if type(a) is Staged:
-                a = a.read(device_side, self.index)
-                if widened and i in widened:
-                    a = a.float()
+            if widened and i in widened:
+                a = self._fp32(a)
+            elif type(a) is Staged:
+                a = a.read(self.device_side, self.index)
             elif isinstance(a, _Tensor) and a.get_device() >= 0:     # rbln (CPU: -1)
-                if widened and i in widened:
-                    a = device_input_widened(a)     # the kept widened form of a weight
-                elif packed and i in packed:
+                if packed and i in packed:
                     a = device_input_packed(a)      # the kept packed form of a weight
                 else:
                     c = read(a)
                     if owners is not None:
                         owners.setdefault(c.untyped_storage().data_ptr(), a)
                     a = c
-            elif widened and i in widened:
-                a = a.float()
             cpu_args.append(a)
-        for i in self.fp32_of:
-            a = args[i]
-            if type(a) is Staged:
-                a = a.read(device_side, self.index).float()
-            elif isinstance(a, _Tensor) and a.get_device() >= 0:
-                a = device_input_widened(a)
-            else:
-                a = a.float()
-            cpu_args.append(a)
+        cpu_args.extend(self._fp32(args[i]) for i in self.fp32_of)
         return cpu_args, owners
+
+    def _fp32(self, a):
+        """An input in fp32: a weight's kept widened form on rbln, else converted now."""
+        if type(a) is Staged:
+            return a.read(self.device_side, self.index).float()
+        if isinstance(a, _Tensor) and a.get_device() >= 0:
+            return device_input_widened(a)
+        return a.float()
 
     def _deliver(self, outs, owners):
         res = []
