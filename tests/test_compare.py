@@ -266,6 +266,73 @@ def test_errors_pair_elements_in_any_layout_like_row_major():
     assert same == pytest.approx(want)
 
 
+
+def test_errors_over_several_blocks_equal_one_pass_in_float64():
+    # blocks of stats.CHUNK elements; an equal block among differing ones, a NaN, an Inf
+    torch.manual_seed(1)
+    n = 2 * stats.CHUNK + 100
+    r = torch.randn(n)
+    a = r.clone()
+    a[stats.CHUNK:] += 1e-3 * torch.randn(n - stats.CHUNK)
+    a[-1] = 9.0
+    got = stats.errors([a], [r], 1e-3, 1e-2)
+    a64, r64 = a.double(), r.double()
+    d = (a64 - r64).abs()
+    assert got["max_abs"] == pytest.approx(d.max().item(), rel=1e-6)
+    assert got["ref_max"] == pytest.approx(r64.abs().max().item(), rel=1e-6)
+    assert got["max_rel"] == pytest.approx((d / r64.abs().clamp_min(1e-3)).max().item(), 1e-5)
+    assert got["outside"] == int((d > 1e-3 + 1e-2 * r64.abs()).sum())
+    cos = torch.nn.functional.cosine_similarity(a64, r64, dim=0).item()
+    assert got["cosine"] == pytest.approx(cos, abs=1e-6)
+    a[5], r[7] = float("nan"), float("inf")
+    got = stats.errors([a], [r], 1e-3, 1e-2)
+    assert got["nonfinite_actual"] == 1 and got["nonfinite_reference"] == 1
+    assert got["worst"] == float("inf")
+    assert stats.errors([r], [r.clone()], 1e-3, 1e-2)["max_abs"] == 0
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(8, 64)
+        self.head = torch.nn.Linear(64, 8, bias=False)
+        self.head.weight = self.emb.weight                  # tied
+        self.scale = torch.ones(64, dtype=torch.float16)    # a plain tensor attribute
+        self.seen = []                                      # mutable state of its own
+        self.register_forward_hook(lambda m, i, o: None)
+
+
+class _OwnCopy(torch.nn.Linear):
+    copies = 0
+
+    def __deepcopy__(self, memo):
+        type(self).copies += 1
+        new = torch.nn.Linear(self.in_features, self.out_features)
+        new.weight = torch.nn.Parameter(memo[id(self.weight)], requires_grad=False)
+        new.bias = torch.nn.Parameter(memo[id(self.bias)], requires_grad=False)
+        return new
+
+
+def test_the_golden_copy_of_a_module_is_deepcopy_with_widened_tensors():
+    from torch_rbln.compare import golden
+    m = _Tied().half().to("rbln")
+    m.scale = m.scale.to("rbln")
+    found = {}
+    g = golden.widened_copy(m, torch.float32, found)
+    assert type(g) is _Tied and g is not m
+    assert g.head.weight is g.emb.weight and isinstance(g.emb.weight, torch.nn.Parameter)
+    assert g.emb.weight.dtype == torch.float32 and g.emb.weight.device.type == "cpu"
+    assert torch.equal(g.emb.weight, m.emb.weight.cpu().float())
+    assert g.scale.dtype == torch.float32 and g.scale.device.type == "cpu"
+    assert g.seen is not m.seen and g._forward_hooks is not m._forward_hooks
+    assert list(g._forward_hooks.values()) == list(m._forward_hooks.values())
+    assert len(found) == 2
+    # a module that copies itself is copied its own way
+    wrapped = torch.nn.Sequential(_OwnCopy(64, 64)).half()
+    g = golden.widened_copy(wrapped, torch.float32)
+    assert _OwnCopy.copies == 1 and g[0].weight.dtype == torch.float32
+
+
 # -- graph mode: the accuracy minifier --------------------------------------------------------
 
 MINIFY = """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections import OrderedDict
 
 import torch
 
@@ -53,21 +54,26 @@ def widen(t: torch.Tensor, golden: torch.dtype) -> torch.Tensor:
     return h.to(golden_dtype(t.dtype, golden), copy=True)
 
 
+# exact types of the leaves _collect skips at once (isinstance on torch.Generator's metaclass
+# is slow, and a module's dozen hook dicts are mostly empty)
+_LEAF_TYPES = frozenset((*_ATOMS, torch.dtype, torch.device))
+
+
 def _collect(obj, out: dict, seen: set, depth: int = 0) -> None:
     """The tensors reachable from ``obj`` through attributes and containers (``id -> t``)."""
-    if depth > 64 or id(obj) in seen:
+    if type(obj) in _LEAF_TYPES or depth > 64 or id(obj) in seen:
         return
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
         out[id(obj)] = obj
-    elif isinstance(obj, _ATOMS) or isinstance(obj, (torch.dtype, torch.device)):
-        return
     elif isinstance(obj, dict):
         for v in obj.values():
             _collect(v, out, seen, depth + 1)
     elif isinstance(obj, (list, tuple, set, frozenset)):
         for v in obj:
             _collect(v, out, seen, depth + 1)
+    elif isinstance(obj, _ATOMS) or isinstance(obj, (torch.dtype, torch.device)):
+        return
     elif hasattr(obj, "__dict__") and not isinstance(obj, type):
         for v in vars(obj).values():
             _collect(v, out, seen, depth + 1)
@@ -87,23 +93,69 @@ def widened_copy(obj, golden: torch.dtype, found: dict | None = None, widen_fn=N
         if found is not None:
             found[i] = (t, memo[i])
     try:
+        if isinstance(obj, torch.nn.Module) and _plain_module(obj):
+            return _module_copy(obj, memo, dict(memo))
         return copy.deepcopy(obj, memo)
     except Exception as e:      # noqa: BLE001 - whatever deepcopy meets, the check is skipped
         raise NotCopyable(f"{type(obj).__name__}: {e}") from None
 
 
+def _plain_module(m: torch.nn.Module) -> bool:
+    """Do ``m`` and its submodules copy as ``copy.deepcopy`` would by their ``__dict__`` (no
+    ``__deepcopy__``, ``__reduce_ex__``, ``__getstate__`` or slots of their own)?"""
+    for sub in m.modules():
+        cls = type(sub)
+        if "__slots__" in cls.__dict__ or any(
+                getattr(cls, name, None) is not getattr(torch.nn.Module, name, None)
+                for name in ("__deepcopy__", "__reduce_ex__", "__reduce__", "__getstate__",
+                             "__setstate__", "__copy__")):
+            return False
+    return True
+
+
+def _module_copy(m: torch.nn.Module, widened: dict, memo: dict) -> torch.nn.Module:
+    """``m`` copied as ``copy.deepcopy`` would with the memo ``memo`` (``id -> copy``, the
+    widened tensors in it), module by module: its parameters, buffers and submodules rebuilt
+    here, the rest of its attributes deep-copied. ``copy.deepcopy`` of a whole module reduces
+    and rebuilds each of the dozen hook dicts of each module; most are empty."""
+    done = memo.get(id(m))
+    if done is not None:
+        return done
+    new = object.__new__(type(m))
+    memo[id(m)] = new
+    state = {}
+    for k, v in m.__dict__.items():
+        if k == "_compiled_call_impl":     # Module.__getstate__ leaves it out of a copy
+            continue
+        if k == "_parameters" or k == "_buffers":
+            state[k] = {n: None if t is None else widened[id(t)] for n, t in v.items()}
+        elif k == "_modules":
+            state[k] = {n: None if sub is None else _module_copy(sub, widened, memo)
+                        for n, sub in v.items()}
+        elif type(v) in _LEAF_TYPES:
+            state[k] = v
+        elif type(v) in (dict, set, OrderedDict) and not v:    # the empty hook dicts
+            state[k] = type(v)()
+        else:
+            state[k] = copy.deepcopy(v, memo)
+    object.__setattr__(new, "__dict__", state)
+    return new
+
+
 class Widener:
     """Widened copies of the tensors a region met, kept while a tensor lives and nothing wrote
-    its memory since (``writes``: the observer's write count per memory), so an activation
+    its memory since (the observer's ``writes``: each memory's last write), so an activation
     that feeds a module, the modules inside it and their first op is read back and widened
     once, and a weight once per region. Copies are shared: what an op writes gets a private
     copy (``tree(fresh=...)``), and a module whose forward wrote its inputs runs its golden
-    copy on private ones (``inputs_written``)."""
+    copy on private ones (``inputs_written``). ``observer``: its ``writes`` (memory -> number
+    of its last write) and ``wrote`` (the last write's number)."""
 
-    def __init__(self, golden: torch.dtype, writes: dict):
+    def __init__(self, golden: torch.dtype, observer):
         self.golden = golden
-        self.writes = writes
-        self._kept: dict[int, tuple] = {}   # id -> (weakref, memory, write count, copy)
+        self.observer = observer
+        self.writes = observer.writes
+        self._kept: dict[int, tuple] = {}   # id -> (weakref, memory, its last write, copy)
 
     def tensor(self, t: torch.Tensor, fresh: bool = False) -> torch.Tensor:
         kept = self._kept.get(id(t))
@@ -155,15 +207,18 @@ class Widener:
             return {k: self._tree(v, fresh) for k, v in x.items()}
         return widened_copy(x, self.golden, widen_fn=self.tensor)
 
-    def inputs_written(self, keys: dict) -> bool:
-        """Did an op write any of the memories ``keys`` (``key -> write count then``)?"""
-        return any(self.writes.get(k, 0) != n for k, n in keys.items())
+    def mark(self) -> int:
+        """The number of the last write now (for :meth:`inputs_written`)."""
+        return self.observer.wrote
 
-    def write_counts(self, x) -> dict:
-        """``memory -> write count`` now, for the tensors of ``x`` (and of objects in it)."""
+    def inputs_written(self, x, mark: int) -> bool:
+        """Did an op write the memory of a tensor of ``x`` (or of objects in it) since
+        :meth:`mark` gave ``mark``? (Read only where some op wrote since.)"""
+        if self.observer.wrote == mark:
+            return False
         found: dict = {}
         _collect(x, found, set())
-        return {k: self.writes.get(k, 0) for k in map(storage_key, found.values())}
+        return any(self.writes.get(storage_key(t), 0) > mark for t in found.values())
 
 
 # -- ops -------------------------------------------------------------------------------------

@@ -201,8 +201,10 @@ class Observer(TorchDispatchMode):
         self.sink = sink
         self.stack: list[Call] = []
         self.seq = 0
-        # memory (storage_key) -> how many ops wrote it while the region was open
+        # memory (storage_key) -> the number of the last write into it while the region was
+        # open (writes are numbered from 1 as they come: ``wrote`` is the last one's)
         self.writes: dict[int, int] = {}
+        self.wrote = 0
         self.calls: dict[str, int] = {}
         self._names: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = \
             weakref.WeakKeyDictionary()
@@ -284,14 +286,14 @@ class Observer(TorchDispatchMode):
         return out
 
     def _wrote(self, args, kwargs, wpos, wkw) -> None:
-        """An op writes these operands: their memory's write count moves (a sink's copies of
+        """An op writes these operands: their memory's last write moves (a sink's copies of
         what they held are stale)."""
         n = len(args)
         for v in [args[i] for i in wpos if i < n] + [kwargs.get(k) for k in wkw]:
             for t in (v if isinstance(v, (list, tuple)) else (v,)):
                 if isinstance(t, torch.Tensor):
-                    k = storage_key(t)
-                    self.writes[k] = self.writes.get(k, 0) + 1
+                    self.wrote += 1
+                    self.writes[storage_key(t)] = self.wrote
 
     def _site(self, f=None) -> tuple:
         """The call site (``user_frames.site_frames``) from frame ``f`` outwards (default: the

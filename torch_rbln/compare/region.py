@@ -122,7 +122,7 @@ class RBLNCompare(Region):
         self._ops, self._modules, self._skips, self._dtypes = [], [], Skips(), set()
         self._bad_hints, self._last_op, self._dump, self._golden_ns = {}, None, None, 0
         self._state = "open"
-        self._widener = gold.Widener(self.golden, observer.writes)
+        self._widener = gold.Widener(self.golden, observer)
         self._gold = gold.Modules(self.golden, self._widener)
         self._t0 = time.perf_counter_ns()
 
@@ -191,7 +191,7 @@ class RBLNCompare(Region):
             if outermost:       # its copy holds the copies of every module it calls
                 self._gold.prepare(call.module)
             w = self._widener
-            return w.tree(args), w.tree(kwargs), w.write_counts((args, kwargs))
+            return w.tree(args), w.tree(kwargs), w.mark()
         except gold.NotCopyable:
             self._skips.module("inputs not copyable")
             return None
@@ -210,8 +210,8 @@ class RBLNCompare(Region):
             # golden copy would compute that op again on the same inputs
             self._module_entry(call, last[2], last[3])
             return
-        g_args, g_kwargs, written = call.token
-        if self._widener.inputs_written(written):
+        g_args, g_kwargs, mark = call.token
+        if self._widener.inputs_written((args, kwargs), mark):
             # the forward wrote its inputs: its golden copy will write the widened ones, which
             # other checks share -- it gets its own
             g_args, g_kwargs = copy.deepcopy((g_args, g_kwargs))

@@ -30,7 +30,8 @@ SAMPLE = 64     # elements a record keeps of each tensor without it, at fixed po
 def _host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     """``t``'s values in ``dtype`` as a host array in ``t``'s layout (complex as real and
     imaginary parts)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     if t.dtype != dtype:
@@ -68,7 +69,7 @@ _scratch = threading.local()
 def _blocks(dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Three scratch blocks of ``min(n, CHUNK)`` elements of ``dtype`` (this thread's, reused:
     no allocation per comparison)."""
-    key = np.dtype(dtype).str
+    key = dtype.str
     have = getattr(_scratch, key, None)
     if have is None or have[0].size < min(n, CHUNK):
         have = tuple(np.empty(min(max(n, 4096), CHUNK), dtype) for _ in range(3))
@@ -76,71 +77,89 @@ def _blocks(dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return have
 
 
+def _block(ab: np.ndarray, rb: np.ndarray, atol: float, rtol: float, scratch) -> tuple:
+    """One block's ``(max |a - r|, max |r|, max ratio to the tolerance's bound (over rtol),
+    max |a - r| / max(|r|, atol), elements outside, a.r, a.a, r.r)``; the maxima as NumPy
+    scalars (a NaN stays one). Each pass reads what the last one left in cache, into scratch
+    blocks; the tolerance's ratio is taken over ``atol / rtol + |r|`` (a pass less than
+    ``atol + rtol * |r|``)."""
+    k = ab.size
+    diff_b, ref_b, tmp_b = scratch
+    diff = np.subtract(ab, rb, out=diff_b[:k])
+    np.abs(diff, out=diff)
+    max_abs = _max(diff)
+    if max_abs == 0:        # equal (an exact op: a conversion up, a negation): no error
+        return max_abs, _max(np.abs(rb, out=ref_b[:k])), 0.0, 0.0, 0, None, None, None
+    ref = np.abs(rb, out=ref_b[:k])
+    ref_max = _max(ref)
+    if rtol > 0:    # |a - r| / (atol + rtol * |r|) = |a - r| / (atol / rtol + |r|) / rtol
+        ratio = np.add(ref, atol / rtol, out=tmp_b[:k])
+        ratio_max = _max(np.divide(diff, ratio, out=ratio))
+        near = ratio_max / rtol > 0.999
+    else:
+        ratio_max = 0.0
+        near = max_abs > 0.999 * atol
+    outside = 0
+    if near:        # elements may lie outside: counted as the tolerance reads
+        bound = np.multiply(ref, rtol, out=tmp_b[:k])
+        bound += atol
+        outside = int(np.count_nonzero(diff > bound))
+    np.maximum(ref, atol, out=ref)      # |a - r| over max(|r|, atol)
+    max_rel = _max(np.divide(diff, ref, out=ref))
+    return (max_abs, ref_max, ratio_max, max_rel, outside, np.dot(ab, rb), np.dot(ab, ab),
+            np.dot(rb, rb))
+
+
 def _finite_errors(a: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> dict:
     """The errors of ``a`` against ``r`` where every value of both is finite (a NaN or Inf on
-    either side shows in ``max_abs`` or ``ref_max``).
-
-    NumPy on the host arrays, a block of :data:`CHUNK` elements at a time: each pass over a
-    block (``|a - r|``, ``|r|``, the two ratios, their maxima, the three dot products for the
-    cosine) reads what the last one left in cache, and the temporaries are scratch blocks, so
-    a large result is read from memory about once instead of a dozen times. The tolerance's
-    ratio is taken over ``atol / rtol + |r|`` (a pass less than ``atol + rtol * |r|``)."""
+    either side shows in ``max_abs`` or ``ref_max``), computed a block of :data:`CHUNK`
+    elements at a time (:func:`_block`), so a large result is read from memory about once
+    instead of a dozen times."""
     n = a.size
     if not n:
         return dict(_ZERO)
-    diff_b, ref_b, tmp_b = _blocks(a.dtype, n)
-    blocks = range(0, n, CHUNK)
-    peaks = np.zeros((len(blocks), 4), a.dtype)    # max |a - r|, max |r|, the two ratios
-    dots = np.empty((len(blocks), 3))              # a.r, a.a, r.r
-    c = atol / rtol if rtol > 0 else 0.0
-    outside = 0
+    scratch = _blocks(a.dtype, n)
     with np.errstate(all="ignore"):
-        for j, i in enumerate(blocks):
-            ab, rb = a[i:i + CHUNK], r[i:i + CHUNK]
-            k = ab.size
-            diff = np.subtract(ab, rb, out=diff_b[:k])
-            np.abs(diff, out=diff)
-            ref = np.abs(rb, out=ref_b[:k])
-            peak = peaks[j]
-            peak[0], peak[1] = _max(diff), _max(ref)
-            if rtol > 0:    # |a - r| / (atol + rtol * |r|) = |a - r| / (atol / rtol + |r|) / rtol
-                ratio = np.add(ref, c, out=tmp_b[:k])
-                peak[2] = _max(np.divide(diff, ratio, out=ratio))
-                near = peak[2] / rtol > 0.999
-            else:
-                near = peak[0] > 0.999 * atol
-            if near:        # elements may lie outside: counted as the tolerance reads
-                bound = np.multiply(ref, rtol, out=tmp_b[:k])
-                bound += atol
-                outside += int(np.count_nonzero(diff > bound))
-            np.maximum(ref, atol, out=ref)      # |a - r| over max(|r|, atol)
-            peak[3] = _max(np.divide(diff, ref, out=ref))
-            dots[j] = np.dot(ab, rb), np.dot(ab, ab), np.dot(rb, rb)
-        max_abs, ref_max, ratio_max, max_rel = (float(v) for v in _max(peaks, axis=0))
-        if max_abs == 0:        # equal (an exact op: a conversion up, a negation): no error
+        if n <= CHUNK:
+            rows = [_block(a, r, atol, rtol, scratch)]
+        else:
+            rows = [_block(a[i:i + CHUNK], r[i:i + CHUNK], atol, rtol, scratch)
+                    for i in range(0, n, CHUNK)]
+        if len(rows) == 1:
+            max_abs, ref_max, ratio_max, max_rel = (float(v) for v in rows[0][:4])
+        else:
+            max_abs, ref_max, ratio_max, max_rel = (
+                float(v) for v in _max(np.array([row[:4] for row in rows], a.dtype), axis=0))
+        if max_abs == 0:
             return {**_ZERO, "ref_max": ref_max}
         if rtol > 0:
             worst = ratio_max / rtol
         else:
             worst = max_abs / atol if atol > 0 else math.inf
-        dot, aa, rr = (float(v) for v in dots.sum(axis=0))
+        dot = aa = rr = 0.0
+        for i, row in zip(range(0, n, CHUNK), rows):
+            if row[5] is None:      # an equal block (others differ): its dot products now
+                ab, rb = a[i:i + CHUNK], r[i:i + CHUNK]
+                row = (*row[:5], np.dot(ab, rb), np.dot(ab, ab), np.dot(rb, rb))
+            dot, aa, rr = dot + float(row[5]), aa + float(row[6]), rr + float(row[7])
         if not math.isfinite(aa * rr):          # squares beyond the dtype's range
             a64, r64 = a.astype(np.float64), r.astype(np.float64)
             dot, aa, rr = float(np.dot(a64, r64)), float(np.dot(a64, a64)), \
                 float(np.dot(r64, r64))
     cosine = 1.0 if aa == 0 and rr == 0 else (
         min(dot / math.sqrt(aa * rr), 1.0) if aa and rr else 0.0)
-    return {"max_abs": max_abs, "max_rel": max_rel, "worst": worst, "outside": outside,
-            "ref_max": ref_max, "cosine": cosine}
+    return {"max_abs": max_abs, "max_rel": max_rel, "worst": worst,
+            "outside": sum(row[4] for row in rows), "ref_max": ref_max, "cosine": cosine}
 
 
 def errors(actual: list[torch.Tensor], reference: list[torch.Tensor], atol: float,
            rtol: float) -> dict:
     """The error statistics of ``actual`` against ``reference`` (host tensors, paired, equal
     numel), taken together."""
-    dtype = torch.promote_types(reference[0].dtype, torch.float32)
+    dtype = reference[0].dtype
+    if dtype not in _WIDE:
+        dtype = torch.promote_types(dtype, torch.float32)
     a, r = _flat_pair(actual, reference, dtype)
-    n = sum(t.numel() for t in actual)
     e = _finite_errors(a, r, atol, rtol)
     only_a = only_r = 0
     if not (math.isfinite(e["max_abs"]) and math.isfinite(e["ref_max"])):
@@ -156,9 +175,13 @@ def errors(actual: list[torch.Tensor], reference: list[torch.Tensor], atol: floa
             e["ref_max"] = max(e["ref_max"], float(np.abs(finite_r).max()))
         if only_a or only_r:
             e["worst"] = math.inf
-    e.update(numel=n, outside=e["outside"] + only_a + only_r, nonfinite_actual=only_a,
-             nonfinite_reference=only_r)
+    e["numel"] = sum(t.numel() for t in actual)
+    e["outside"] += only_a + only_r
+    e["nonfinite_actual"], e["nonfinite_reference"] = only_a, only_r
     return e
+
+
+_WIDE = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
 
 
 def diverged(e: dict) -> bool:
