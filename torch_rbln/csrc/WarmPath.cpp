@@ -439,12 +439,12 @@ bool key_of_tensor(const at::Tensor& t, Seen& seen, Key& key) {
     }
     int64_t bits = 0;
     std::memcpy(&bits, t.const_data_ptr(), std::min<size_t>(t.itemsize(), sizeof(bits)));
-    key.insert(key.end(), {kScalarTensor, static_cast<int64_t>(t.scalar_type()), bits, first});
+    key.append({kScalarTensor, static_cast<int64_t>(t.scalar_type()), bits, first});
     return true;
   }
-  key.insert(key.end(), {kDeviceTensor, static_cast<int64_t>(t.scalar_type()), t.dim(), first});
-  key.insert(key.end(), t.sizes().begin(), t.sizes().end());
-  key.insert(key.end(), t.strides().begin(), t.strides().end());
+  key.append({kDeviceTensor, static_cast<int64_t>(t.scalar_type()), t.dim(), first});
+  key.append(t.sizes().begin(), t.sizes().end());
+  key.append(t.strides().begin(), t.strides().end());
   return true;
 }
 
@@ -455,9 +455,9 @@ bool key_of(const c10::IValue& v, Seen& seen, Key& key) {
   if (v.isNone()) {
     key.push_back(kNone);
   } else if (v.isBool()) {
-    key.insert(key.end(), {kBool, v.toBool()});
+    key.append({kBool, v.toBool()});
   } else if (v.isInt()) {
-    key.insert(key.end(), {kInt, v.toInt()});
+    key.append({kInt, v.toInt()});
   } else if (v.isDouble()) {
     double d = v.toDouble();
     if (std::isnan(d)) {
@@ -465,28 +465,28 @@ bool key_of(const c10::IValue& v, Seen& seen, Key& key) {
     }
     int64_t bits = 0;
     std::memcpy(&bits, &d, sizeof(bits));
-    key.insert(key.end(), {kDouble, bits});
+    key.append({kDouble, bits});
   } else if (v.isString()) {
     const auto& s = v.toStringRef();
-    key.insert(key.end(), {kString, static_cast<int64_t>(s.size())});
+    key.append({kString, static_cast<int64_t>(s.size())});
     for (char c : s) {
       key.push_back(c);
     }
   } else if (v.isBoolList()) {
     auto l = v.toBoolList();
-    key.insert(key.end(), {kBoolList, static_cast<int64_t>(l.size())});
+    key.append({kBoolList, static_cast<int64_t>(l.size())});
     for (bool x : l) {
       key.push_back(x);
     }
   } else if (v.isIntList()) {
     auto l = v.toIntList();
-    key.insert(key.end(), {kIntList, static_cast<int64_t>(l.size())});
+    key.append({kIntList, static_cast<int64_t>(l.size())});
     for (int64_t x : l) {
       key.push_back(x);
     }
   } else if (v.isDevice()) {
     auto d = v.toDevice();
-    key.insert(key.end(), {kDevice, static_cast<int64_t>(d.type()), d.index()});
+    key.append({kDevice, static_cast<int64_t>(d.type()), d.index()});
   } else {
     return false;  // lists of tensors, generators, complex scalars...: the Python path
   }
