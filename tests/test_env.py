@@ -293,6 +293,29 @@ def test_deploy_is_live():
     assert out["unset"] == ["nan/inf input"]
 
 
+def test_the_live_variables_follow_any_change_of_the_environment():
+    # the warm path reuses its last pass over the environment while it looks unchanged: a
+    # variable set where another was just unset (the entry count unchanged), one set again, and
+    # the last entry replaced must each be seen by the next op
+    out = probe("""
+        nan = torch.full((2, 64), float("nan"), dtype=torch.float16, device="rbln")
+        os.environ["ZZ_UNRELATED"] = "1"
+        res = {"off": reasons(lambda: nan + nan)}
+        del os.environ["ZZ_UNRELATED"]
+        os.environ["TORCH_RBLN_DEPLOY"] = "ON"
+        res["swapped_in"] = reasons(lambda: nan + nan)
+        os.environ["TORCH_RBLN_DEPLOY"] = "OFF"
+        res["set_again"] = reasons(lambda: nan + nan)
+        os.environ["ZZ_UNRELATED"] = "2"
+        del os.environ["TORCH_RBLN_DEPLOY"]
+        os.environ["TORCH_RBLN_DEPLOY"] = "ON"
+        res["readded"] = reasons(lambda: nan + nan)
+        print(json.dumps(res))
+    """, {}, FALLBACKS)
+    assert out["off"] == ["nan/inf input"] and out["swapped_in"] == []
+    assert out["set_again"] == ["nan/inf input"] and out["readded"] == []
+
+
 def test_dev_disable_op_cpu_fallback_is_live():
     out = probe("""
         nan = torch.full((2, 64), float("nan"), dtype=torch.float16, device="rbln")

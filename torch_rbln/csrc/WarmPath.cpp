@@ -40,6 +40,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -138,14 +139,56 @@ void take_env(const char* rest, const char (&name)[N], const char*& slot) {
   }
 }
 
+// This thread's last pass over the environment, reused while the environment is as that pass
+// left it: a variable set anew is appended (the entry count moves, or the array moves where it
+// grows), one unset shifts the later entries down (the count moves), and a value set again
+// takes a new string in its entry (glibc keeps every value it has set, so an entry's pointer
+// names its content). So: the same array, count and last entry, and the same pointers in the
+// entries of the TORCH_RBLN_ variables the pass found.
+struct EnvPass {
+  char** array = nullptr;
+  size_t count = 0;
+  const char* last = nullptr;  // the last entry
+  std::array<std::pair<size_t, const char*>, 4> found{};  // (entry, its pointer) per variable
+  size_t n_found = 0;
+  Env env;
+};
+
+bool unchanged(const EnvPass& pass, char** array) {
+  if (array == nullptr || array != pass.array || array[pass.count] != nullptr ||
+      (pass.count > 0 && array[pass.count - 1] != pass.last)) {
+    return false;
+  }
+  for (size_t i = 0; i < pass.n_found; ++i) {
+    if (array[pass.found[i].first] != pass.found[i].second) {
+      return false;
+    }
+  }
+  return true;
+}
+
 Env read_env() {
   static constexpr char kPrefix[] = "TORCH_RBLN_";
   constexpr size_t kLen = sizeof(kPrefix) - 1;
-  Env e;
-  for (char** p = environ; p != nullptr && *p != nullptr; ++p) {
+  thread_local EnvPass pass;
+  char** array = environ;
+  if (unchanged(pass, array)) {
+    return pass.env;
+  }
+  pass = EnvPass{};
+  pass.array = array;
+  Env& e = pass.env;
+  for (char** p = array; p != nullptr && *p != nullptr; ++p) {
+    ++pass.count;
     const char* s = *p;
+    pass.last = s;
     if (s[0] != 'T' || std::strncmp(s, kPrefix, kLen) != 0) {
       continue;
+    }
+    if (pass.n_found < pass.found.size()) {
+      pass.found[pass.n_found++] = {static_cast<size_t>(p - array), s};
+    } else {
+      pass.array = nullptr;  // more TORCH_RBLN_ variables than the pass keeps: read each call
     }
     const char* rest = s + kLen;
     take_env(rest, "DEPLOY", e.deploy);
@@ -493,10 +536,12 @@ bool key_of(const c10::IValue& v, Seen& seen, Key& key) {
   return true;
 }
 
+// FNV-1a over the key's words (a bucket's keys are compared whole, so a collision costs a
+// comparison, never a wrong program)
 uint64_t hash_key(c10::ArrayRef<int64_t> key) {
   uint64_t h = 1469598103934665603ull;
   for (int64_t x : key) {
-    h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
   }
   return h;
 }
