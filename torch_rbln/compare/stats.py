@@ -120,11 +120,8 @@ def _finite_errors(a: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> di
         return dict(_ZERO)
     scratch = _blocks(a.dtype, n)
     with np.errstate(all="ignore"):
-        if n <= CHUNK:
-            rows = [_block(a, r, atol, rtol, scratch)]
-        else:
-            rows = [_block(a[i:i + CHUNK], r[i:i + CHUNK], atol, rtol, scratch)
-                    for i in range(0, n, CHUNK)]
+        rows = [_block(a[i:i + CHUNK], r[i:i + CHUNK], atol, rtol, scratch)
+                for i in range(0, n, CHUNK)]
         if len(rows) == 1:
             max_abs, ref_max, ratio_max, max_rel = (float(v) for v in rows[0][:4])
         else:
@@ -150,6 +147,10 @@ def _finite_errors(a: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> di
         min(dot / math.sqrt(aa * rr), 1.0) if aa and rr else 0.0)
     return {"max_abs": max_abs, "max_rel": max_rel, "worst": worst,
             "outside": sum(row[4] for row in rows), "ref_max": ref_max, "cosine": cosine}
+
+
+# the reference dtypes the statistics are taken in as they are (the others are promoted)
+_WIDE = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
 
 
 def errors(actual: list[torch.Tensor], reference: list[torch.Tensor], atol: float,
@@ -179,9 +180,6 @@ def errors(actual: list[torch.Tensor], reference: list[torch.Tensor], atol: floa
     e["outside"] += only_a + only_r
     e["nonfinite_actual"], e["nonfinite_reference"] = only_a, only_r
     return e
-
-
-_WIDE = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
 
 
 def diverged(e: dict) -> bool:

@@ -130,13 +130,15 @@ struct Env {
 };
 
 // `slot` <- the value of `rest` if it is `name=value` (the first such entry wins, as getenv's);
-// the name's length comes from the literal
+// the name's length comes from the literal. Whether it took it.
 template <size_t N>
-void take_env(const char* rest, const char (&name)[N], const char*& slot) {
+bool take_env(const char* rest, const char (&name)[N], const char*& slot) {
   constexpr size_t n = N - 1;
   if (slot == nullptr && std::strncmp(rest, name, n) == 0 && rest[n] == '=') {
     slot = rest + n + 1;
+    return true;
   }
+  return false;
 }
 
 // This thread's last pass over the environment, reused while the environment is as that pass
@@ -144,12 +146,12 @@ void take_env(const char* rest, const char (&name)[N], const char*& slot) {
 // grows), one unset shifts the later entries down (the count moves), and a value set again
 // takes a new string in its entry (glibc keeps every value it has set, so an entry's pointer
 // names its content). So: the same array, count and last entry, and the same pointers in the
-// entries of the TORCH_RBLN_ variables the pass found.
+// entries the pass took the variables' values from.
 struct EnvPass {
   char** array = nullptr;
   size_t count = 0;
   const char* last = nullptr;  // the last entry
-  std::array<std::pair<size_t, const char*>, 4> found{};  // (entry, its pointer) per variable
+  std::array<std::pair<size_t, const char*>, 3> found{};  // (entry, its pointer) per value
   size_t n_found = 0;
   Env env;
 };
@@ -185,15 +187,12 @@ Env read_env() {
     if (s[0] != 'T' || std::strncmp(s, kPrefix, kLen) != 0) {
       continue;
     }
-    if (pass.n_found < pass.found.size()) {
-      pass.found[pass.n_found++] = {static_cast<size_t>(p - array), s};
-    } else {
-      pass.array = nullptr;  // more TORCH_RBLN_ variables than the pass keeps: read each call
-    }
     const char* rest = s + kLen;
-    take_env(rest, "DEPLOY", e.deploy);
-    take_env(rest, "DEV_DISABLE_OP_CPU_FALLBACK", e.disable);
-    take_env(rest, "EAGER_MALLOC", e.eager);
+    if (take_env(rest, "DEPLOY", e.deploy) ||
+        take_env(rest, "DEV_DISABLE_OP_CPU_FALLBACK", e.disable) ||
+        take_env(rest, "EAGER_MALLOC", e.eager)) {
+      pass.found[pass.n_found++] = {static_cast<size_t>(p - array), s};
+    }
   }
   return e;
 }
