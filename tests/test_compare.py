@@ -291,6 +291,79 @@ def test_errors_over_several_blocks_equal_one_pass_in_float64():
     assert stats.errors([r], [r.clone()], 1e-3, 1e-2)["max_abs"] == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_native_error_pass_gives_the_numpy_pass_numbers(dtype, monkeypatch):
+    # the native core's pass (csrc/Numerics.cpp) against stats.py's NumPy form: the maxima and
+    # the count equal, the cosine within rounding (summed in double); every length around the
+    # vector widths, both layouts, rtol or atol zero; NaN/Inf go the NumPy way
+    torch.manual_seed(2)
+    cases = []
+    for n in (1, 7, 8, 9, 15, 16, 17, 33, 1000, 40_000):
+        r = torch.randn(n, dtype=dtype) * 3
+        a = (r + 2e-3 * torch.randn(n, dtype=dtype)).half().to(dtype)
+        a[::5] = r[::5]
+        cases.append(([a], [r]))
+    m = torch.randn(48, 64, dtype=dtype)
+    cases.append(([(m + 1e-2).t()], [m.t()]))                           # one layout, transposed
+    cases.append(([m[:, ::2] + 1e-2, m.sum(1)], [m[:, ::2], m.sum(1) + 0.5]))   # two pairs
+
+    def numpy_pass(a, r, atol, rtol):
+        with monkeypatch.context() as mp:
+            mp.setattr(stats, "_NATIVE", frozenset())
+            return stats.errors(a, r, atol, rtol)
+
+    for a, r in cases:
+        for atol, rtol in ((1e-3, 1e-2), (1e-2, 0.0), (0.0, 1e-3)):
+            assert stats._native(a, r, atol, rtol) is not None     # the native pass took it
+            got, want = stats.errors(a, r, atol, rtol), numpy_pass(a, r, atol, rtol)
+            assert got.keys() == want.keys()
+            for k in want:
+                if k == "cosine":
+                    assert got[k] == pytest.approx(want[k], abs=1e-6)
+                elif not (k == "max_rel" and atol == 0):    # NumPy's: NaN where 0 / 0
+                    assert got[k] == want[k], (k, len(a[0]), atol, rtol)
+    a, r = cases[6]
+    a[0][3] = float("nan")
+    assert stats._native(a, r, 1e-3, 1e-2) is None      # the NumPy pass counts NaN/Inf
+    assert stats.errors(a, r, 1e-3, 1e-2)["nonfinite_actual"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_native_record_summary_gives_the_torch_summary(dtype, monkeypatch):
+    # the native core's summary of a result (min, max, NaN/Inf count, samples) against
+    # stats.py's torch form: every length around the vector widths, views in several layouts,
+    # a NaN, an Inf, nothing finite
+    def torch_form(t):
+        with monkeypatch.context() as mp:
+            mp.setattr(stats, "_SUMMARIZED", frozenset())
+            s, x = stats.reduce(t)
+            return s, stats.read_samples([x])[0]
+
+    def floats(b):
+        return torch.frombuffer(bytearray(b), dtype=torch.float32).nan_to_num(7.0) if b else b
+
+    torch.manual_seed(3)
+    for shape in ((), (7,), (31,), (32,), (33,), (40, 17), (64, 130), (3, 5, 7)):
+        x = (torch.randn(shape) * 100).to(dtype)
+        views = [x]
+        if x.dim() >= 2:
+            views += [x.transpose(0, 1), x[:, ::2], x.transpose(0, -1)]
+        elif x.dim() == 1:
+            views += [x.flip(0), x[1:]]
+        for v in views:
+            for poison in (None, "nan", "inf", "all"):
+                w = v.clone() if poison else v
+                if poison == "all":
+                    w.fill_(float("nan"))
+                elif poison:
+                    w[tuple(i // 2 for i in w.shape)] = float(poison)
+                s, samples = stats.reduce(w)
+                assert type(samples) is bytes       # the native summary took it
+                want_s, want_samples = torch_form(w)
+                assert s == want_s, (shape, poison)
+                assert torch.equal(floats(samples), floats(want_samples))
+
+
 class _Tied(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -14,6 +14,11 @@ both sides hold as finite numbers:
   NaN/Inf on both sides, counted on the actual's)
 * ``ref_max``  the largest finite ``|reference|`` (an overflow's telltale: beyond the actual
   dtype's range)
+
+A float32 or float64 pair whose values are all finite (the common case) is read in one pass by
+the native core (``csrc/Numerics.cpp``: the same element operations, so the same maxima and
+count; the dot products summed in double); the NumPy form below defines the numbers and takes
+every other pair.
 """
 
 from __future__ import annotations
@@ -24,18 +29,24 @@ import threading
 import numpy as np
 import torch
 
+from .. import _C
+
 SAMPLE = 64     # elements a record keeps of each tensor without it, at fixed positions
+
+
+def _host_tensor(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t``'s values in ``dtype`` as a host tensor in ``t``'s layout."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _host(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     """``t``'s values in ``dtype`` as a host array in ``t``'s layout (complex as real and
     imaginary parts)."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype != dtype:
-        t = t.to(dtype)
+    t = _host_tensor(t, dtype)
     if t.is_complex():
         t = torch.view_as_real(t)
     return t.numpy()
@@ -151,6 +162,28 @@ def _finite_errors(a: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> di
 
 # the reference dtypes the statistics are taken in as they are (the others are promoted)
 _WIDE = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
+# ... and those the native core's pass takes (csrc/Numerics.cpp)
+_NATIVE = frozenset({torch.float32, torch.float64})
+
+
+_native = _C.compare_errors
+
+
+def _from_sums(max_abs, ref_max, ratio_max, max_rel, outside, dot, aa, rr, atol, rtol,
+               numel) -> dict:
+    """:func:`errors`' dict from the native pass's maxima, count and sums (every value
+    finite), read as :func:`_finite_errors` reads its blocks'."""
+    e = {**_ZERO, "ref_max": ref_max}
+    if max_abs != 0:
+        if rtol > 0:
+            worst = ratio_max / rtol
+        else:
+            worst = max_abs / atol if atol > 0 else math.inf
+        cosine = 1.0 if aa == 0 and rr == 0 else (
+            min(dot / math.sqrt(aa * rr), 1.0) if aa and rr else 0.0)
+        e.update(max_abs=max_abs, max_rel=max_rel, worst=worst, outside=outside, cosine=cosine)
+    e.update(numel=numel, nonfinite_actual=0, nonfinite_reference=0)
+    return e
 
 
 def errors(actual: list[torch.Tensor], reference: list[torch.Tensor], atol: float,
@@ -160,6 +193,12 @@ def errors(actual: list[torch.Tensor], reference: list[torch.Tensor], atol: floa
     dtype = reference[0].dtype
     if dtype not in _WIDE:
         dtype = torch.promote_types(dtype, torch.float32)
+    if dtype in _NATIVE:
+        # the native core's one pass (float and double, every value finite: the common case)
+        got = _native([_host_tensor(t, dtype) for t in actual],
+                      [_host_tensor(t, dtype) for t in reference], atol, rtol)
+        if got is not None:
+            return _from_sums(*got, atol, rtol, sum(t.numel() for t in actual))
     a, r = _flat_pair(actual, reference, dtype)
     e = _finite_errors(a, r, atol, rtol)
     only_a = only_r = 0
@@ -242,7 +281,11 @@ def _in_memory_order(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x.as_strided((n,), (1,)), at     # from its storage offset: where its elements start
 
 
-def reduce(t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+# the dtypes the native core summarizes (csrc/Numerics.cpp: record_summary)
+_SUMMARIZED = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def reduce(t: torch.Tensor) -> tuple[dict, torch.Tensor | bytes | None]:
     """What a record keeps of ``t`` without ``t``: its finite min and max and its NaN/Inf count,
     read now, and the elements at :func:`positions`, a small tensor in ``t``'s dtype for
     :func:`read_samples` to read later with others. One pass over ``t`` in its own dtype where
@@ -251,6 +294,10 @@ def reduce(t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
     n = t.numel()
     if n == 0:
         return {"numel": 0, "min": 0.0, "max": 0.0, "nonfinite": 0}, None
+    if t.device.type == "cpu" and t.dtype in _SUMMARIZED:
+        # the native core's one pass; the samples come back as float32 bytes already
+        lo, hi, bad, samples = _C.record_summary(t.detach(), positions(n))
+        return {"numel": n, "min": lo, "max": hi, "nonfinite": bad}, samples
     x, at = _in_memory_order(t.detach())
     lo, hi = torch.aminmax(x)
     s = {"numel": n, "min": lo.item(), "max": hi.item(), "nonfinite": 0}
@@ -260,12 +307,15 @@ def reduce(t: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
 
 
 def read_samples(samples: list) -> list[bytes]:
-    """:func:`reduce`'s samples (None: an empty tensor's) as float32 bytes, read back at once
-    (joined per device and dtype: joining mixed dtypes takes a slow path)."""
+    """:func:`reduce`'s samples (None: an empty tensor's; bytes: read already) as float32
+    bytes, read back at once (joined per device and dtype: joining mixed dtypes takes a slow
+    path)."""
     out = [b""] * len(samples)
     groups: dict = {}
     for i, x in enumerate(samples):
-        if x is not None:
+        if type(x) is bytes:
+            out[i] = x
+        elif x is not None:
             groups.setdefault((x.device, x.dtype), []).append(i)
     for idx in groups.values():
         buf = torch.cat([samples[i] for i in idx]).float().cpu().numpy()

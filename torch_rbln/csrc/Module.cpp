@@ -17,6 +17,7 @@ void bind_profiler(pybind11::module_& m);  // Profiler.cpp
 void bind_views(pybind11::module_& m);  // Views.cpp
 void bind_data_movement(pybind11::module_& m);  // DataMovement.cpp
 void bind_autocast(pybind11::module_& m);  // Autocast.cpp
+void bind_numerics(pybind11::module_& m);  // Numerics.cpp
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -34,4 +35,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torch_rbln::bind_views(m);
   torch_rbln::bind_data_movement(m);
   torch_rbln::bind_autocast(m);
+  torch_rbln::bind_numerics(m);
 }
