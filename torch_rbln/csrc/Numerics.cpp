@@ -25,7 +25,7 @@
 namespace torch_rbln {
 namespace {
 
-constexpr int kLanes = 16;  // independent accumulators: the loop vectorizes without reordering
+constexpr int kLanes = 16;  // the generic form's independent accumulators (no sum reordered)
 
 template <typename T>
 struct Errors {
@@ -168,8 +168,8 @@ __attribute__((target("avx2"))) void accumulate_avx2(const float* a, const float
 const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
-// Elements of `t` in an order both sides of a pair share: its memory's where the pair has one
-// dense layout (a transpose on both sides is read where it lies), else row-major.
+// May a pair be read in memory order? Both sides in one dense layout (a transpose on both
+// sides is read where it lies); any other pair is read row-major (copied contiguous first).
 bool same_dense_layout(const at::Tensor& a, const at::Tensor& r) {
   if (a.sizes() != r.sizes() || a.strides() != r.strides() || !a.is_non_overlapping_and_dense()) {
     return false;
