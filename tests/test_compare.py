@@ -362,6 +362,11 @@ def test_the_native_record_summary_gives_the_torch_summary(dtype, monkeypatch):
                 want_s, want_samples = torch_form(w)
                 assert s == want_s, (shape, poison)
                 assert torch.equal(floats(samples), floats(want_samples))
+    if dtype in (torch.float32, torch.float64):     # finite values whose sums overflow
+        big = torch.full((70,), 3e38, dtype=dtype)
+        big[5] = -3e38
+        assert stats.reduce(big)[0] == {"numel": 70, "min": big.min().item(),
+                                        "max": big.max().item(), "nonfinite": 0}
 
 
 class _Tied(torch.nn.Module):

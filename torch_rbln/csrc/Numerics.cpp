@@ -326,6 +326,46 @@ __attribute__((target("avx2,f16c"))) void range_avx2(const T* p, int64_t n, floa
   }
   range_scalar(p + blocks * 32, n - blocks * 32, lo, hi, bad);
 }
+// The common case's pass: the min and max of `n` elements, and whether all are finite (false:
+// the values say nothing, `range_avx2` takes them), 32 at a time in four sets of lanes. A NaN
+// or an infinity makes x * 0 a NaN, which the sum keeps.
+template <typename T>
+__attribute__((target("avx2,f16c"))) bool finite_range_avx2(const T* p, int64_t n, float& lo,
+                                                            float& hi) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 mn0 = _mm256_set1_ps(INFINITY), mn1 = mn0, mn2 = mn0, mn3 = mn0;
+  __m256 mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0, mx2 = mx0, mx3 = mx0;
+  __m256 s0 = zero, s1 = zero;
+  const int64_t blocks = n / 32;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const T* q = p + b * 32;
+    const __m256 x0 = load8(q), x1 = load8(q + 8), x2 = load8(q + 16), x3 = load8(q + 24);
+    mn0 = _mm256_min_ps(x0, mn0);
+    mx0 = _mm256_max_ps(x0, mx0);
+    mn1 = _mm256_min_ps(x1, mn1);
+    mx1 = _mm256_max_ps(x1, mx1);
+    mn2 = _mm256_min_ps(x2, mn2);
+    mx2 = _mm256_max_ps(x2, mx2);
+    mn3 = _mm256_min_ps(x3, mn3);
+    mx3 = _mm256_max_ps(x3, mx3);
+    s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_add_ps(x0, x1), zero));
+    s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_add_ps(x2, x3), zero));
+  }
+  alignas(32) float a[8], b[8], c[8];
+  _mm256_store_ps(a, _mm256_min_ps(_mm256_min_ps(mn0, mn1), _mm256_min_ps(mn2, mn3)));
+  _mm256_store_ps(b, _mm256_max_ps(_mm256_max_ps(mx0, mx1), _mm256_max_ps(mx2, mx3)));
+  _mm256_store_ps(c, _mm256_add_ps(s0, s1));
+  bool finite = true;
+  for (int j = 0; j < 8; ++j) {
+    lo = std::min(lo, a[j]);
+    hi = std::max(hi, b[j]);
+    finite = finite && !std::isnan(c[j]);
+  }
+  int64_t bad = 0;
+  range_scalar(p + blocks * 32, n - blocks * 32, lo, hi, bad);
+  return finite && bad == 0;
+}
+
 const bool kHasF16c = kHasAvx2 && __builtin_cpu_supports("f16c");
 #endif
 
@@ -337,7 +377,10 @@ void range_of(const T* p, int64_t n, double& lo, double& hi, int64_t& bad) {
     float l = INFINITY, h = -INFINITY;
 #if defined(__GNUC__) && defined(__x86_64__)
     if (kHasF16c) {
-      range_avx2(p, n, l, h, bad);
+      if (!finite_range_avx2(p, n, l, h)) {  // a NaN or an Inf: counted, the range without them
+        l = INFINITY, h = -INFINITY;
+        range_avx2(p, n, l, h, bad);
+      }
     } else {
       range_scalar(p, n, l, h, bad);
     }
