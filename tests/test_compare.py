@@ -121,6 +121,42 @@ def test_a_clean_fp32_model_on_rbln_reports_no_divergence():
     assert c.report().startswith("[within tolerance]  RBLN COMPARE")
 
 
+def test_a_kept_golden_copy_serves_later_blocks_and_follows_the_model():
+    m, x = _model(torch.float32), _x(torch.float32)
+    c = torch.rbln.compare(keep_golden=True)
+    with c:
+        m(x)
+    first = c.dump()
+    with c:             # the same model again: its copy serves, the report is this block's
+        m(x)
+    assert c._gold.builds == 1
+    again = c.dump()
+    assert [e["max_abs"] for e in again["modules"]] == [e["max_abs"] for e in first["modules"]]
+    assert again["counts"] == first["counts"]
+    # a stale copy would diverge from the device at once: each change must reach it
+    with torch.no_grad():
+        m[0].up.weight.add_(0.5)                        # in place: copied again
+    with c:
+        m(x)
+    assert c.first_divergence() is None and c._gold.builds == 1
+    m[1].down.weight = torch.nn.Parameter(m[1].down.weight.detach() * 2)   # a new parameter
+    with c:
+        m(x)
+    assert c.first_divergence() is None and c._gold.builds == 2
+    m[1].act = torch.nn.Tanh()                          # a new module
+    with c:
+        m(x)
+    assert c.first_divergence() is None and c._gold.builds == 3
+    m.eval()                                            # a mode
+    with c:
+        m(x)
+    assert c._gold.builds == 4
+    plain = torch.rbln.compare()                        # the default keeps nothing after a block
+    with plain:
+        m(x)
+    assert plain._gold is None and plain.first_divergence() is None
+
+
 def test_tolerances_come_from_the_table_and_can_be_overridden():
     m, x = _model(), _x()
     with testing.fault("aten::silu", nth=1, amount=0.5, where="eager"):

@@ -253,9 +253,17 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
+def _structure(module: torch.nn.Module) -> tuple:
+    """What a golden copy of ``module`` stands for besides its tensors' values: each of its
+    modules, its mode, and which parameters and buffers it holds."""
+    return tuple((id(m), m.training, *map(id, m._parameters.values()),
+                  *map(id, m._buffers.values())) for m in module.modules())
+
+
 class Modules:
     """Golden copies of the modules a region calls, one copy per outermost module (its
-    submodules' copies are the copy's submodules), refreshed where a weight changed since."""
+    submodules' copies are the copy's submodules), refreshed where a weight changed since, and
+    made again where a module, a mode or a parameter object changed."""
 
     def __init__(self, golden: torch.dtype, widener: Widener | None = None):
         self.golden = golden
@@ -265,6 +273,19 @@ class Modules:
         # outermost module -> [(its tensor, the copy's tensor, version at copy)]
         self._tensors: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = \
             weakref.WeakKeyDictionary()
+        # outermost module -> its _structure when copied
+        self._structure: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = \
+            weakref.WeakKeyDictionary()
+        self.builds = 0
+
+    def rebind(self, widener: Widener | None) -> None:
+        """The copies serve another with-block (``widener`` its), or none (None)."""
+        self.widener = widener
+        if widener is not None:     # the copies' weights serve the ops again
+            for rows in self._tensors.values():
+                for t, w, _ in rows:
+                    if isinstance(t, torch.nn.Parameter):
+                        widener.keep(t, w)
 
     def of(self, module: torch.nn.Module) -> torch.nn.Module:
         g = self._copy.get(module)
@@ -274,7 +295,10 @@ class Modules:
 
     def _build(self, module: torch.nn.Module) -> torch.nn.Module:
         found: dict = {}
+        structure = _structure(module)
         g = widened_copy(module, self.golden, found)
+        self.builds += 1
+        self._structure[module] = structure
         for m, gm in zip(module.modules(), g.modules()):
             self._copy[m] = gm      # the newest copy: refreshed with its outermost module
         self._tensors[module] = [(t, w, _version(t)) for t, w in found.values()]
@@ -288,7 +312,7 @@ class Modules:
         """Before a call of an outermost module: its copy made, or the weights and buffers
         that changed since it was made (an optimizer step, a running statistic) copied."""
         rows = self._tensors.get(module)
-        if rows is None:
+        if rows is None or self._structure.get(module) != _structure(module):
             self._build(module)
             return
         for j, (t, g, version) in enumerate(rows):

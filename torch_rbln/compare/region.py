@@ -96,11 +96,12 @@ class RBLNCompare(Region):
     ``c.dump()``, ``c.first_divergence()`` after it closed."""
 
     def __init__(self, golden="float32", *, rtol=None, atol=None, modules: bool = True,
-                 ops: bool = True):
+                 ops: bool = True, keep_golden: bool = False):
         g = getattr(torch, golden, None) if isinstance(golden, str) else golden
         if g not in (torch.float32, torch.float64):
             raise ValueError(f"golden={golden!r}: the golden dtype is float32 or float64")
         self.golden = g
+        self.keep_golden = bool(keep_golden)
         self.tol = Tolerances(atol, rtol)
         self.check_modules, self.check_ops = modules, ops
         self._state = "new"
@@ -123,12 +124,18 @@ class RBLNCompare(Region):
         self._bad_hints, self._last_op, self._dump, self._golden_ns = {}, None, None, 0
         self._state = "open"
         self._widener = gold.Widener(self.golden, observer)
-        self._gold = gold.Modules(self.golden, self._widener)
+        if self._gold is None:
+            self._gold = gold.Modules(self.golden, self._widener)
+        else:       # keep_golden: this object's copies from its last with-block serve again
+            self._gold.rebind(self._widener)
         self._t0 = time.perf_counter_ns()
 
     def _close(self) -> None:
         self._wall = time.perf_counter_ns() - self._t0
-        self._gold = None
+        if self.keep_golden and self._gold is not None:
+            self._gold.rebind(None)
+        else:
+            self._gold = None
         self._widener = None
         self._state = "closed"
 
@@ -307,8 +314,13 @@ def _reduced(args, pairs) -> int | None:
 
 
 def compare(golden="float32", *, rtol=None, atol=None, modules: bool = True,
-            ops: bool = True) -> RBLNCompare:
+            ops: bool = True, keep_golden: bool = False) -> RBLNCompare:
     """A region to use as ``with torch.rbln.compare(golden="float32") as c:``; then
     ``print(c)``. ``rtol``/``atol``: one number for every dtype, or a dict per dtype
-    (``{torch.float16: 2e-2}``); unset, each dtype's row of ``torch_rbln.tolerances``."""
-    return RBLNCompare(golden, rtol=rtol, atol=atol, modules=modules, ops=ops)
+    (``{torch.float16: 2e-2}``); unset, each dtype's row of ``torch_rbln.tolerances``.
+    ``keep_golden=True``: the object keeps its golden copies of the modules between its
+    with-blocks (each block's report is its own), for a loop that enters it again and again;
+    a weight changed in place since is copied again, a module, a mode or a parameter object
+    changed makes the copy again; the copies live as long as the object."""
+    return RBLNCompare(golden, rtol=rtol, atol=atol, modules=modules, ops=ops,
+                       keep_golden=keep_golden)
