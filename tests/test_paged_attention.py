@@ -77,6 +77,26 @@ def test_paged_decode_equals_the_reference_and_runs_as_one_device_program(heads,
     assert state_of(dev_cache).residency != 0       # the cache was written on the device
 
 
+@pytest.mark.parametrize("D", [128, 32, 20, 64], ids=["d128", "d32", "d20", "d64-double"])
+def test_paged_decode_reads_any_head_dim_and_dtype_on_the_host(D):
+    # the host computation's forms: head dims a multiple of 64 (a head's tokens at once),
+    # of 8 (eight elements a step), others and float64 (element by element)
+    dtype = torch.float64 if D == 64 else torch.bfloat16
+    q, k, v, cache, seq, table, scale = _case(8, 2, dtype, D=D, seed=D)
+    want, want_cache = _reference(q, k, v, cache, seq, table, scale)
+    out = paged(q, k, v, cache, seq, scale, table)
+    tol = 1e-5 if dtype == torch.float64 else TOL[dtype]     # (the reference sums in fp32)
+    torch.testing.assert_close(out.double(), want.double(), atol=tol, rtol=tol)
+    assert torch.equal(cache, want_cache)
+
+
+def test_a_page_outside_the_cache_raises():
+    q, k, v, cache, seq, table, scale = _case(8, 4, torch.bfloat16)
+    table[1, 0] = BLOCKS + 3
+    with pytest.raises((RuntimeError, IndexError)):
+        paged(q, k, v, cache, seq, scale, table)
+
+
 def test_a_step_plan_is_not_reused_for_other_positions():
     # every layer of a step passes the same positions and block table; a call with other
     # values (the next step) must not see the previous step's slots or mask

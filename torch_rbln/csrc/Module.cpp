@@ -18,6 +18,7 @@ void bind_views(pybind11::module_& m);  // Views.cpp
 void bind_data_movement(pybind11::module_& m);  // DataMovement.cpp
 void bind_autocast(pybind11::module_& m);  // Autocast.cpp
 void bind_numerics(pybind11::module_& m);  // Numerics.cpp
+void bind_paged_attention(pybind11::module_& m);  // PagedAttention.cpp
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -36,4 +37,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torch_rbln::bind_data_movement(m);
   torch_rbln::bind_autocast(m);
   torch_rbln::bind_numerics(m);
+  torch_rbln::bind_paged_attention(m);
 }

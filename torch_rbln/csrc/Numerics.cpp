@@ -11,6 +11,8 @@
 // (the cosine) are summed in double.
 #include <torch/extension.h>
 
+#include "Vec.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -265,19 +267,6 @@ void range_scalar(const T* p, int64_t n, F& lo, F& hi, int64_t& bad) {
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
-// Eight elements as float (half precision widened exactly on load).
-template <typename T>
-__attribute__((target("avx2,f16c"))) inline __m256 load8(const T* p) {
-  if constexpr (std::is_same_v<T, c10::Half>) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  } else {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  }
-}
-
 // Eight elements into one set of lanes: a value that is not finite is counted and turned into
 // a NaN, which minps/maxps pass over.
 __attribute__((target("avx2,f16c"))) inline void range8(__m256 x, __m256& mn, __m256& mx,
@@ -366,7 +355,7 @@ __attribute__((target("avx2,f16c"))) bool finite_range_avx2(const T* p, int64_t 
   return finite && bad == 0;
 }
 
-const bool kHasF16c = kHasAvx2 && __builtin_cpu_supports("f16c");
+const bool kHasF16c = has_avx2_f16c();
 #endif
 
 template <typename T>

@@ -51,7 +51,7 @@ OP_NAME = f"{NAMESPACE}::{DECODE}"
 # program keys compiled so far (empty_cache() drops them: the next call compiles again)
 _compiled: set = set()
 # the last plan (executors.paged_decode_plan) and the positions and block table it is for:
-# every layer of a decode step passes the same ones, so their indices and mask are derived once
+# every layer of a decode step passes the same ones, so the new tokens' slots are derived once
 # per step
 _plan: list = [None]
 

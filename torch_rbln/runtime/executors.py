@@ -40,6 +40,8 @@ from functools import lru_cache
 
 import torch
 
+from .. import _C
+
 HALF = (torch.float16, torch.bfloat16)
 _f32 = torch.float32
 
@@ -348,19 +350,13 @@ def linear_backward(x, grad_output, weight, output_mask, dtype=None):
 
 def paged_decode_plan(seq, block_table, block_size: int, dtype):
     """What a paged decode step reads and writes, from its positions and block table alone
-    (every layer of a step shares it): each new token's slot ``[B]``, the pages to read
-    ``[B * pages]`` (enough for the longest sequence), and the additive mask ``[B, 1, 1, S]``
-    that hides each sequence's keys past its position."""
-    B = seq.shape[0]
-    pos = seq.to(torch.int64)
-    table = block_table.to(torch.int64)
+    (every layer of a step shares it): each new token's slot ``[B]``, and the positions and
+    block table as the attention reads them (int64, contiguous)."""
+    pos = seq.to(torch.int64).contiguous()
+    table = block_table.to(torch.int64).contiguous()
     new = table.gather(1, (pos // block_size).unsqueeze(1)).squeeze(1) * block_size \
         + pos % block_size
-    pages = (int(pos.max()) // block_size + 1) if B else 1
-    S = pages * block_size
-    mask = torch.zeros(B, 1, 1, S, dtype=dtype).masked_fill_(
-        (torch.arange(S).unsqueeze(0) > pos.unsqueeze(1))[:, None, None], -math.inf)
-    return new, table[:, :pages].reshape(-1), mask
+    return new, pos, table
 
 
 def paged_causal_attn_decode(q, k, v, kv_cache, seq, scale, block_table, plan=None):
@@ -373,19 +369,15 @@ def paged_causal_attn_decode(q, k, v, kv_cache, seq, scale, block_table, plan=No
     ``h`` reads KV head ``h // (H / Hkv)``). Returns ``[B, H, D]``. ``plan``: the step's
     :func:`paged_decode_plan`, when the caller kept it.
 
-    The pages a batch reads are gathered whole, and the host's fused attention kernel (PyTorch's
-    CPU flash attention) runs on them in the operands' dtype, as the NPU's attention unit does:
-    both matmuls accumulate in fp32, the softmax is fp32, and its weights enter the second matmul
-    in the operands' dtype; one rounding of the output."""
-    B, H, D = q.shape
-    hk = k.shape[1]
-    new, pages, mask = plan or paged_decode_plan(seq, block_table, kv_cache.shape[1], q.dtype)
+    The attention reads each sequence's cached tokens in place through its block table (the
+    native core's loop, ``csrc/PagedAttention.cpp``) with the numerics of the host's fused
+    attention kernel, as the NPU's attention unit computes it: the scores and the softmax in
+    fp32, its weights entering the sum over the values in the operands' dtype (that sum in
+    fp32), one rounding of the output."""
+    hk, D = k.shape[1], q.shape[-1]
+    new, pos, table = plan or paged_decode_plan(seq, block_table, kv_cache.shape[1], q.dtype)
     kv_cache.view(-1, hk, 2 * D).index_copy_(0, new, torch.cat([k, v], -1))
-    S = mask.shape[-1]
-    ctx = kv_cache.index_select(0, pages).view(B, S, hk, 2 * D)
-    out, _ = _flash_cpu(q.unsqueeze(2), ctx[..., :D].transpose(1, 2), ctx[..., D:].transpose(1, 2),
-                        0.0, False, attn_mask=mask, scale=scale)
-    return out.view(B, H, D)
+    return _C.paged_decode_attention(q, kv_cache, pos, table, scale)
 
 
 # custom bodies whose only heavy steps are matmuls: they take the matrix units' choice
