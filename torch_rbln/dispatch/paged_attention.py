@@ -62,16 +62,16 @@ def _drop() -> None:
     _plan[0] = None
 
 
-def _plan_for(seq_d, table_d, block_size: int, dtype):
+def _plan_for(seq_d, table_d, block_size: int):
     """The plan of these positions and block table (device aliases): the last one while they
     hold the same values."""
     last = _plan[0]
-    if (last is not None and last[0] == (block_size, dtype) and last[1].shape == seq_d.shape
+    if (last is not None and last[0] == block_size and last[1].shape == seq_d.shape
             and last[2].shape == table_d.shape and torch.equal(last[1], seq_d)
             and torch.equal(last[2], table_d)):
         return last[3]
-    plan = executors.paged_decode_plan(seq_d, table_d, block_size, dtype)
-    _plan[0] = ((block_size, dtype), seq_d.clone(), table_d.clone(), plan)
+    plan = executors.paged_decode_plan(seq_d, table_d, block_size)
+    _plan[0] = (block_size, seq_d.clone(), table_d.clone(), plan)
     return plan
 
 
@@ -147,7 +147,7 @@ def _kernel(q, k, v, kv_cache, seq, scale, block_table):
     device_input(kv_cache)                  # read, then partly written, in device memory
     cache = device_output(kv_cache)
     t0 = _span_start()
-    plan = _plan_for(sd, td, kv_cache.shape[1], q.dtype)
+    plan = _plan_for(sd, td, kv_cache.shape[1])
     out = body(qd, kd, vd, cache, sd, scale, td, plan)
     _record_program(OP_NAME, index, t0)
     return results.deliver_device(out, None, index)

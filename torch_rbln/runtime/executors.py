@@ -348,7 +348,7 @@ def linear_backward(x, grad_output, weight, output_mask, dtype=None):
 # ------------------------------------------------------------------------------------------
 # paged decode attention (rbln_custom_ops::paged_causal_attn_decode)
 
-def paged_decode_plan(seq, block_table, block_size: int, dtype):
+def paged_decode_plan(seq, block_table, block_size: int):
     """What a paged decode step reads and writes, from its positions and block table alone
     (every layer of a step shares it): each new token's slot ``[B]``, and the positions and
     block table as the attention reads them (int64, contiguous)."""
@@ -375,7 +375,7 @@ def paged_causal_attn_decode(q, k, v, kv_cache, seq, scale, block_table, plan=No
     fp32, its weights entering the sum over the values in the operands' dtype (that sum in
     fp32), one rounding of the output."""
     hk, D = k.shape[1], q.shape[-1]
-    new, pos, table = plan or paged_decode_plan(seq, block_table, kv_cache.shape[1], q.dtype)
+    new, pos, table = plan or paged_decode_plan(seq, block_table, kv_cache.shape[1])
     kv_cache.view(-1, hk, 2 * D).index_copy_(0, new, torch.cat([k, v], -1))
     return _C.paged_decode_attention(q, kv_cache, pos, table, scale)
 
