@@ -293,9 +293,9 @@ class Modules:
             g = self._build(module)
         return g
 
-    def _build(self, module: torch.nn.Module) -> torch.nn.Module:
+    def _build(self, module: torch.nn.Module, structure: tuple | None = None) -> torch.nn.Module:
         found: dict = {}
-        structure = _structure(module)
+        structure = _structure(module) if structure is None else structure
         g = widened_copy(module, self.golden, found)
         self.builds += 1
         self._structure[module] = structure
@@ -312,8 +312,9 @@ class Modules:
         """Before a call of an outermost module: its copy made, or the weights and buffers
         that changed since it was made (an optimizer step, a running statistic) copied."""
         rows = self._tensors.get(module)
-        if rows is None or self._structure.get(module) != _structure(module):
-            self._build(module)
+        structure = _structure(module)
+        if rows is None or self._structure.get(module) != structure:
+            self._build(module, structure)
             return
         for j, (t, g, version) in enumerate(rows):
             if _version(t) != version:

@@ -13,10 +13,6 @@
 
 #include "Vec.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -48,8 +44,7 @@ struct Lanes {
 
 // One element pair into lane `j`.
 template <typename T>
-inline void step(Lanes<T>& l, int j, T x, T y, T atol, T rtol,
-                                                T shift, bool ratio) {
+inline void step(Lanes<T>& l, int j, T x, T y, T atol, T rtol, T shift, bool ratio) {
   const T d = std::abs(x - y);
   const T ar = std::abs(y);
   l.check[j] += d * T(0) + ar * T(0);
@@ -247,11 +242,6 @@ pybind11::object as_tuple(const std::optional<Errors<T>>& e) {
 
 // -- a record's summary ------------------------------------------------------------------------
 
-template <typename T>
-float as_float(T x) {
-  return static_cast<float>(x);
-}
-
 // The finite min and max of `n` elements and the count of the others, element by element.
 template <typename T, typename F>
 void range_scalar(const T* p, int64_t n, F& lo, F& hi, int64_t& bad) {
@@ -394,7 +384,7 @@ void gather_samples(const T* base, const at::Tensor& t, const at::Tensor& positi
       at += rest % sizes[d] * strides[d];
       rest /= sizes[d];
     }
-    out[k] = as_float(base[at]);
+    out[k] = static_cast<float>(base[at]);
   }
 }
 

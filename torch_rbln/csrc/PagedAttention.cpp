@@ -16,11 +16,6 @@
 namespace torch_rbln {
 namespace {
 
-template <typename T>
-float as_float(T x) {
-  return static_cast<float>(x);
-}
-
 // a weight as the operands' dtype holds it (the kernel multiplies the values by that)
 template <typename T>
 float rounded(float x) {
@@ -52,7 +47,7 @@ template <typename T>
 float dot_scalar(const float* q, const T* k, int64_t D) {
   float acc = 0.0f;
   for (int64_t d = 0; d < D; ++d) {
-    acc += q[d] * as_float(k[d]);
+    acc += q[d] * static_cast<float>(k[d]);
   }
   return acc;
 }
@@ -60,7 +55,7 @@ float dot_scalar(const float* q, const T* k, int64_t D) {
 template <typename T>
 void axpy_scalar(float w, const T* v, float* acc, int64_t D) {
   for (int64_t d = 0; d < D; ++d) {
-    acc[d] += w * as_float(v[d]);
+    acc[d] += w * static_cast<float>(v[d]);
   }
 }
 
@@ -240,7 +235,7 @@ void attend(const T* q, const std::vector<const T*>& rows, const Shape& s, int64
   const int64_t D = s.D, H = s.H, G = s.H / s.Hkv;
   w.q.resize(static_cast<size_t>(H * D));
   for (int64_t i = 0; i < H * D; ++i) {
-    w.q[i] = as_float(q[i]);
+    w.q[i] = static_cast<float>(q[i]);
   }
   w.scores.resize(static_cast<size_t>(H * P));
   float* scores = w.scores.data();
